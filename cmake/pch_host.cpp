@@ -1,0 +1,1 @@
+int main() { return 0; }  // hosts the precompiled header that programs reuse

@@ -1,0 +1,152 @@
+#include "mixprec/optim/adamw.h"
+
+#include <ATen/ATen.h>
+#include <torch/autograd.h>
+
+#include <cmath>
+
+namespace mixprec::optim {
+
+namespace {
+
+void check_options(const AdamWOptions& o) {
+  TORCH_CHECK(o.lr() >= 0, "Invalid learning rate: ", o.lr());
+  TORCH_CHECK(o.eps() >= 0, "Invalid epsilon value: ", o.eps());
+  const auto [beta1, beta2] = o.betas();
+  TORCH_CHECK(0 <= beta1 && beta1 < 1.0, "Invalid beta parameter at index 0: ", beta1);
+  TORCH_CHECK(0 <= beta2 && beta2 < 1.0, "Invalid beta parameter at index 1: ", beta2);
+  TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+}
+
+}  // namespace
+
+AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
+             AdamWOptions defaults)
+    : Optimizer(param_groups, std::make_unique<AdamWOptions>(defaults)) {
+  check_options(defaults);
+  for (auto& group : param_groups_) {
+    auto& options = static_cast<AdamWOptions&>(group.options());
+    check_options(options);
+    if (!options.fused()) continue;
+    for (const auto& p : group.params()) {
+      TORCH_CHECK(p.is_floating_point() && (p.is_cpu() || p.is_cuda()),
+                  "mixprec::optim::AdamW: `fused=true` requires all the params to be floating "
+                  "point Tensors on CPU or CUDA, got ",
+                  p.scalar_type(), " on ", p.device());
+    }
+  }
+}
+
+bool AdamW::step_supports_amp_scaling() const {
+  for (const auto& group : param_groups_)
+    if (!static_cast<const AdamWOptions&>(group.options()).fused()) return false;
+  return !param_groups_.empty();
+}
+
+AdamWParamState& AdamW::state_for(const at::Tensor& param, bool fused) {
+  auto& slot = state_[param.unsafeGetTensorImpl()];
+  if (!slot) {
+    auto state = std::make_unique<AdamWParamState>();
+    // PyTorch keeps `step` on the param's device when fused, on the CPU otherwise.
+    state->step(at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(
+                                  fused ? param.device() : at::Device(at::kCPU))));
+    state->exp_avg(at::zeros_like(param, at::MemoryFormat::Preserve));
+    state->exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
+    slot = std::move(state);
+  }
+  return static_cast<AdamWParamState&>(*slot);
+}
+
+at::Tensor AdamW::step(LossClosure closure) {
+  at::NoGradGuard no_grad;
+  at::Tensor loss;
+  if (closure) {
+    at::AutoGradMode enable_grad(true);
+    loss = closure();
+  }
+  for (auto& group : param_groups_) {
+    if (static_cast<AdamWOptions&>(group.options()).fused())
+      fused_step(group);
+    else
+      single_tensor_step(group);
+  }
+  return loss;
+}
+
+// PyTorch's _single_tensor_adam with decoupled weight decay, op for op.
+void AdamW::single_tensor_step(torch::optim::OptimizerParamGroup& group) {
+  const auto& o = static_cast<const AdamWOptions&>(group.options());
+  const auto [beta1, beta2] = o.betas();
+  for (auto& param : group.params()) {
+    if (!param.grad().defined()) continue;
+    TORCH_CHECK(!param.grad().is_sparse(),
+                "AdamW does not support sparse gradients, please consider SparseAdam instead");
+    auto& state = state_for(param, /*fused=*/false);
+    if (o.amsgrad() && !state.max_exp_avg_sq().defined())
+      state.max_exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
+    at::Tensor grad = o.maximize() ? -param.grad() : param.grad();
+    state.step().add_(1);
+    if (o.weight_decay() != 0) param.mul_(1 - o.lr() * o.weight_decay());
+    state.exp_avg().lerp_(grad, 1 - beta1);
+    state.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+
+    const double step = state.step().item<double>();
+    const double bias_correction1 = 1 - std::pow(beta1, step);
+    const double bias_correction2 = 1 - std::pow(beta2, step);
+    const double step_size = o.lr() / bias_correction1;
+    const double bias_correction2_sqrt = std::sqrt(bias_correction2);
+    at::Tensor denom;
+    if (o.amsgrad()) {
+      at::maximum_out(state.max_exp_avg_sq(), state.max_exp_avg_sq(), state.exp_avg_sq());
+      denom = (state.max_exp_avg_sq().sqrt() / bias_correction2_sqrt).add_(o.eps());
+    } else {
+      denom = (state.exp_avg_sq().sqrt() / bias_correction2_sqrt).add_(o.eps());
+    }
+    param.addcdiv_(state.exp_avg(), denom, -step_size);
+  }
+}
+
+// PyTorch's _fused_adam with decoupled weight decay: one kernel per (device,
+// dtype) group; a GradScaler's grad_scale/found_inf go to the kernel, and a
+// skipped step takes back its step count.
+void AdamW::fused_step(torch::optim::OptimizerParamGroup& group) {
+  const auto& o = static_cast<const AdamWOptions&>(group.options());
+  const auto [beta1, beta2] = o.betas();
+  struct Bucket {
+    at::Device device;
+    at::ScalarType dtype;
+    std::vector<at::Tensor> params{}, grads{}, exp_avgs{}, exp_avg_sqs{}, max_exp_avg_sqs{}, steps{};
+  };
+  std::vector<Bucket> buckets;
+  for (auto& param : group.params()) {
+    if (!param.grad().defined()) continue;
+    TORCH_CHECK(!param.grad().is_sparse(),
+                "AdamW does not support sparse gradients, please consider SparseAdam instead");
+    auto& state = state_for(param, /*fused=*/true);
+    if (o.amsgrad() && !state.max_exp_avg_sq().defined())
+      state.max_exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
+    auto it = std::find_if(buckets.begin(), buckets.end(), [&](const Bucket& b) {
+      return b.device == param.device() && b.dtype == param.scalar_type();
+    });
+    if (it == buckets.end())
+      it = buckets.insert(buckets.end(), Bucket{param.device(), param.scalar_type()});
+    it->params.push_back(param);
+    it->grads.push_back(param.grad());
+    it->exp_avgs.push_back(state.exp_avg());
+    it->exp_avg_sqs.push_back(state.exp_avg_sq());
+    if (o.amsgrad()) it->max_exp_avg_sqs.push_back(state.max_exp_avg_sq());
+    it->steps.push_back(state.step());
+  }
+  for (auto& b : buckets) {
+    std::optional<at::Tensor> grad_scale, found_inf;
+    if (this->grad_scale) grad_scale = this->grad_scale->to(b.device, /*non_blocking=*/true);
+    if (this->found_inf) found_inf = this->found_inf->to(b.device, /*non_blocking=*/true);
+    at::_foreach_add_(b.steps, 1);
+    at::_fused_adamw_(b.params, b.grads, b.exp_avgs, b.exp_avg_sqs, b.max_exp_avg_sqs, b.steps,
+                      o.lr(), beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(),
+                      grad_scale, found_inf);
+    if (found_inf) at::_foreach_sub_(b.steps, std::vector<at::Tensor>(b.steps.size(), *found_inf));
+  }
+}
+
+}  // namespace mixprec::optim
