@@ -1,0 +1,72 @@
+// Times the level-1 loop (examples/amp_loop.cpp) for bench/run.py: one
+// configuration per run, one JSON line on stdout. Its Python twin is
+// bench/amp_loop_bench.py; keep the two doing the same work.
+#include <mixprec/amp/autocast.h>
+#include <mixprec/amp/grad_scaler.h>
+#include <mixprec/optim/adamw.h>
+
+#include "digits.h"
+
+#include <CLI/CLI.hpp>
+#include <torch/torch.h>
+
+#include <chrono>
+#include <cstdio>
+
+int main(int argc, char** argv) {
+  CLI::App app{"steps/s of the level-1 loop in one configuration"};
+  std::string precision = "fp32", optimizer_kind = "fused", data = "data/digits.csv";
+  bool scaler_on = false;
+  int steps = 300, warmup = 30, threads = 2;
+  int64_t batch_size = 64, hidden = 256;
+  app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--optimizer", optimizer_kind)->check(CLI::IsMember({"fused", "unfused"}));
+  app.add_flag("--scaler", scaler_on, "use a GradScaler (fp16)");
+  app.add_option("--data", data);
+  app.add_option("--steps", steps)->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup)->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads)->check(CLI::PositiveNumber);
+  app.add_option("--batch-size", batch_size)->check(CLI::PositiveNumber);
+  app.add_option("--hidden", hidden)->check(CLI::PositiveNumber);
+  CLI11_PARSE(app, argc, argv);
+
+  torch::set_num_threads(threads);
+  const auto [train_set, val_set] = digits::split(digits::load_csv(data), 0);
+  torch::manual_seed(0);
+  digits::MLP model(hidden);
+  mixprec::optim::AdamW optimizer(
+      model->parameters(), mixprec::optim::AdamWOptions(3e-3).fused(optimizer_kind == "fused"));
+  mixprec::amp::GradScaler scaler({.enabled = scaler_on});
+  const bool autocast = precision != "fp32";
+  const auto dtype = precision == "fp16" ? torch::kHalf : torch::kBFloat16;
+
+  const int64_t n_batches = train_set.images.size(0) / batch_size;
+  auto step = [&](int64_t i) {
+    const int64_t b = i % n_batches;
+    auto x = train_set.images.slice(0, b * batch_size, (b + 1) * batch_size);
+    auto y = train_set.labels.slice(0, b * batch_size, (b + 1) * batch_size);
+    torch::Tensor loss;
+    {
+      mixprec::amp::Autocast guard(torch::kCPU, dtype, autocast);
+      loss = torch::nn::functional::cross_entropy(model(x), y);
+    }
+    scaler.scale(loss).backward();
+    scaler.step(optimizer);
+    scaler.update();
+    optimizer.zero_grad();
+    return loss;
+  };
+  for (int i = 0; i < warmup; ++i) step(i);
+  const auto start = std::chrono::steady_clock::now();
+  torch::Tensor loss;
+  for (int i = 0; i < steps; ++i) loss = step(warmup + i);
+  const double final_loss = loss.item<double>();  // also waits for the last step
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  std::printf(
+      "{\"impl\": \"mixprec\", \"precision\": \"%s\", \"optimizer\": \"%s\", \"scaler\": %s, "
+      "\"steps_per_s\": %.2f, \"final_loss\": %.6f}\n",
+      precision.c_str(), optimizer_kind.c_str(), scaler_on ? "true" : "false", steps / seconds,
+      final_loss);
+  return 0;
+}
