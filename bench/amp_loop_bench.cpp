@@ -7,8 +7,8 @@
 
 #include "digits.h"
 
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>

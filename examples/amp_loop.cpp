@@ -10,8 +10,8 @@
 
 #include "digits.h"
 
-#include <CLI/CLI.hpp>
 #include <torch/torch.h>
+#include <CLI/CLI.hpp>
 
 #include <chrono>
 #include <cstdio>
@@ -24,8 +24,9 @@ struct Result {
   int64_t skipped;
 };
 
-Result train(const std::string& precision, const digits::Dataset& train_set, const digits::Dataset& val_set,
-             int epochs, int64_t batch_size, int64_t hidden, double lr, uint64_t seed) {
+Result train(const std::string& precision, const digits::Dataset& train_set,
+             const digits::Dataset& val_set, int epochs, int64_t batch_size, int64_t hidden,
+             double lr, uint64_t seed) {
   torch::manual_seed(seed);
   digits::MLP model(hidden);
   mixprec::optim::AdamW optimizer(model->parameters(),
@@ -105,9 +106,9 @@ int main(int argc, char** argv) {
     std::printf("digits: %lld train, %lld validation images\n", static_cast<long long>(n_train),
                 static_cast<long long>(val_set.images.size(0)));
 
-    std::vector<std::string> precisions =
-        precision == "all" ? std::vector<std::string>{"fp32", "bf16", "fp16"}
-                           : std::vector<std::string>{precision};
+    std::vector<std::string> precisions = precision == "all"
+                                              ? std::vector<std::string>{"fp32", "bf16", "fp16"}
+                                              : std::vector<std::string>{precision};
     std::vector<Result> results;
     for (const auto& p : precisions)
       results.push_back(train(p, train_set, val_set, epochs, batch_size, hidden, lr, seed));
@@ -115,8 +116,8 @@ int main(int argc, char** argv) {
     std::printf("\n| precision | final loss | val accuracy | steps/s | final scale | skipped |\n");
     std::printf("|---|---|---|---|---|---|\n");
     for (const auto& r : results)
-      std::printf("| %s | %.4f | %.1f%% | %.0f | %g | %lld |\n", r.precision.c_str(),
-                  r.final_loss, 100 * r.val_accuracy, r.steps_per_s, r.final_scale,
+      std::printf("| %s | %.4f | %.1f%% | %.0f | %g | %lld |\n", r.precision.c_str(), r.final_loss,
+                  100 * r.val_accuracy, r.steps_per_s, r.final_scale,
                   static_cast<long long>(r.skipped));
   } catch (const std::exception& e) {
     std::fprintf(stderr, "amp_loop: %s\n", e.what());

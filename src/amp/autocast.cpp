@@ -1,5 +1,7 @@
 #include "mixprec/amp/autocast.h"
 
+#include "mixprec/amp/fp16_cpu.h"
+
 #include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 
@@ -16,11 +18,12 @@ void check_device(c10::DeviceType device_type) {
 }
 
 void check_dtype(c10::DeviceType device_type, c10::ScalarType dtype) {
-  TORCH_CHECK(dtype == c10::kBFloat16 || dtype == c10::kHalf,
-              "mixprec::amp::Autocast: dtype ", dtype, " is not supported on ",
-              c10::DeviceTypeName(device_type, true), "; expected BFloat16 or Half");
+  TORCH_CHECK(dtype == c10::kBFloat16 || dtype == c10::kHalf, "mixprec::amp::Autocast: dtype ",
+              dtype, " is not supported on ", c10::DeviceTypeName(device_type, true),
+              "; expected BFloat16 or Half");
   if (device_type == c10::DeviceType::CUDA) {
-    TORCH_CHECK(at::hasCUDA(), "mixprec::amp::Autocast: CUDA autocast asked for, but CUDA is not available");
+    TORCH_CHECK(at::hasCUDA(),
+                "mixprec::amp::Autocast: CUDA autocast asked for, but CUDA is not available");
   }
 }
 
@@ -36,6 +39,8 @@ Autocast::Autocast(c10::DeviceType device_type, std::optional<c10::ScalarType> d
       prev_cache_enabled_(at::autocast::is_autocast_cache_enabled()) {
   check_device(device_type_);
   if (enabled_) check_dtype(device_type_, dtype_);
+  if (enabled_ && device_type_ == c10::DeviceType::CPU && dtype_ == c10::kHalf)
+    maybe_install_fp16_cpu_fast_path();
   at::autocast::set_autocast_enabled(device_type_, enabled_);
   at::autocast::set_autocast_dtype(device_type_, dtype_);
   at::autocast::increment_nesting();

@@ -41,8 +41,8 @@ GradScaler::GradScaler(GradScalerOptions options)
   TORCH_CHECK(options_.backoff_factor < 1.0, "The backoff factor must be < 1.0.");
   TORCH_CHECK(options_.init_scale > 0, "Invalid init_scale: ", options_.init_scale,
               " (expected > 0)");
-  TORCH_CHECK(options_.growth_interval >= 1, "Invalid growth_interval: ",
-              options_.growth_interval, " (expected >= 1)");
+  TORCH_CHECK(options_.growth_interval >= 1, "Invalid growth_interval: ", options_.growth_interval,
+              " (expected >= 1)");
   TORCH_CHECK(options_.hysteresis >= 1, "Invalid hysteresis: ", options_.hysteresis,
               " (expected >= 1)");
   if (options_.min_scale && options_.max_scale) {
@@ -83,7 +83,8 @@ std::vector<std::pair<at::Device, at::Tensor>> GradScaler::unscale_grads(
   PerDevice per_device_inv_scale(inv_scale);
   PerDevice per_device_found_inf(at::zeros({}, scale_.options().dtype(at::kFloat)));
   // device -> dtype -> grads, in first-seen order, as PyTorch groups them.
-  std::vector<std::pair<at::Device, std::vector<std::pair<at::ScalarType, std::vector<at::Tensor>>>>>
+  std::vector<
+      std::pair<at::Device, std::vector<std::pair<at::ScalarType, std::vector<at::Tensor>>>>>
       groups;
   at::NoGradGuard no_grad;
   for (auto& group : optimizer.param_groups()) {
@@ -235,7 +236,8 @@ void GradScaler::update_with_extensions(const at::Tensor& found_inf) {
   at::_amp_update_scale_(scale_, growth_tracker_, found_inf, options_.growth_factor,
                          options_.backoff_factor, options_.growth_interval);
   if (!overflow && growth_tracker_.item<int>() == 0) hysteresis_left_ = options_.hysteresis;
-  if (options_.min_scale || options_.max_scale) scale_.clamp_(options_.min_scale, options_.max_scale);
+  if (options_.min_scale || options_.max_scale)
+    scale_.clamp_(options_.min_scale, options_.max_scale);
 }
 
 double GradScaler::get_scale() const {

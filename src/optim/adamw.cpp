@@ -48,8 +48,9 @@ AdamWParamState& AdamW::state_for(const at::Tensor& param, bool fused) {
   if (!slot) {
     auto state = std::make_unique<AdamWParamState>();
     // PyTorch keeps `step` on the param's device when fused, on the CPU otherwise.
-    state->step(at::zeros({}, at::TensorOptions().dtype(at::kFloat).device(
-                                  fused ? param.device() : at::Device(at::kCPU))));
+    state->step(at::zeros({}, at::TensorOptions()
+                                  .dtype(at::kFloat)
+                                  .device(fused ? param.device() : at::Device(at::kCPU))));
     state->exp_avg(at::zeros_like(param, at::MemoryFormat::Preserve));
     state->exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
     slot = std::move(state);
@@ -115,7 +116,8 @@ void AdamW::fused_step(torch::optim::OptimizerParamGroup& group) {
   struct Bucket {
     at::Device device;
     at::ScalarType dtype;
-    std::vector<at::Tensor> params{}, grads{}, exp_avgs{}, exp_avg_sqs{}, max_exp_avg_sqs{}, steps{};
+    std::vector<at::Tensor> params{}, grads{}, exp_avgs{}, exp_avg_sqs{}, max_exp_avg_sqs{},
+        steps{};
   };
   std::vector<Bucket> buckets;
   for (auto& param : group.params()) {

@@ -100,9 +100,7 @@ TEST(Autocast, OutermostExitClearsTheCastCache) {
       torch::NoGradGuard no_grad;
       w.mul_(2);
     }
-    {
-      Autocast inner(torch::kCPU, torch::kBFloat16);
-    }
+    { Autocast inner(torch::kCPU, torch::kBFloat16); }
     // Still inside the outer region: the cached bf16 copy of w is used.
     EXPECT_EQ(torch::mm(x, w).sum().item<float>(), 16.0f);
   }

@@ -58,7 +58,8 @@ std::unique_ptr<torch::optim::Optimizer> make_optimizer(
   for (const auto& name : cfg["params"]) group.push_back(params.at(name.get<std::string>()));
   if (cfg["type"] == "sgd") {
     return std::make_unique<torch::optim::SGD>(
-        group, torch::optim::SGDOptions(cfg["lr"].get<double>()).momentum(cfg.value("momentum", 0.0)));
+        group,
+        torch::optim::SGDOptions(cfg["lr"].get<double>()).momentum(cfg.value("momentum", 0.0)));
   }
   return std::make_unique<mixprec::optim::AdamW>(
       group, mixprec::optim::AdamWOptions(cfg["lr"].get<double>())
@@ -72,7 +73,8 @@ float injected(const std::string& v) {
   return std::numeric_limits<float>::quiet_NaN();
 }
 
-void expect_close(const torch::Tensor& actual, const torch::Tensor& expected, const std::string& what) {
+void expect_close(const torch::Tensor& actual, const torch::Tensor& expected,
+                  const std::string& what) {
   ASSERT_EQ(actual.sizes(), expected.sizes()) << what;
   EXPECT_TRUE(torch::allclose(actual, expected, /*rtol=*/1e-6, /*atol=*/1e-7))
       << what << ": max abs diff " << (actual - expected).abs().max().item<double>();
@@ -140,7 +142,8 @@ TEST_P(GradScalerReference, ReplaysPyTorchTrace) {
 
     if (sc.contains("roundtrip_after") && sc["roundtrip_after"].get<size_t>() == step) {
       auto state = scaler->state_dict();
-      scaler = std::make_unique<GradScaler>(GradScalerOptions{.init_scale = 1.0, .growth_interval = 7});
+      scaler =
+          std::make_unique<GradScaler>(GradScalerOptions{.init_scale = 1.0, .growth_interval = 7});
       scaler->load_state_dict(state);
     }
   }

@@ -111,16 +111,16 @@ TEST(GradScaler, StateMachineErrorsAreTorchs) {
                   "scaler.scale(loss or outputs) earlier in the iteration."));
   EXPECT_TRUE(has(error_of([&] { scaler.update(); }), "Attempted update but _scale is None."));
   toy.backward(scaler);
-  EXPECT_TRUE(has(error_of([&] { scaler.update(); }),
-                  "No inf checks were recorded prior to update."));
+  EXPECT_TRUE(
+      has(error_of([&] { scaler.update(); }), "No inf checks were recorded prior to update."));
   scaler.unscale_(sgd);
   EXPECT_TRUE(has(error_of([&] { scaler.unscale_(sgd); }),
                   "unscale_() has already been called on this optimizer since the last update()."));
   scaler.step(sgd);
   EXPECT_TRUE(has(error_of([&] { scaler.step(sgd); }),
                   "step() has already been called since the last update()."));
-  EXPECT_TRUE(has(error_of([&] { scaler.unscale_(sgd); }),
-                  "unscale_() is being called after step()."));
+  EXPECT_TRUE(
+      has(error_of([&] { scaler.unscale_(sgd); }), "unscale_() is being called after step()."));
   scaler.update();
   // A new iteration starts clean.
   sgd.zero_grad();
@@ -142,7 +142,8 @@ TEST(GradScaler, InvalidOptionsAreClearErrors) {
                   "The growth factor must be > 1.0."));
   EXPECT_TRUE(has(error_of([] { GradScaler s({.backoff_factor = 1.0}); }),
                   "The backoff factor must be < 1.0."));
-  EXPECT_TRUE(has(error_of([] { GradScaler s({.growth_interval = 0}); }), "Invalid growth_interval: 0"));
+  EXPECT_TRUE(
+      has(error_of([] { GradScaler s({.growth_interval = 0}); }), "Invalid growth_interval: 0"));
   EXPECT_TRUE(has(error_of([] { GradScaler s({.min_scale = 8.0, .max_scale = 4.0}); }),
                   "Invalid min_scale 8 > max_scale 4"));
   // Disabled, nothing is validated (PyTorch's order).
@@ -245,8 +246,11 @@ TEST(GradScaler, StateDictHasTorchsKeysAndRoundTrips) {
   GradScaler restored;
   restored.load_state_dict(state);  // before the first scale(): applied lazily
   EXPECT_EQ(restored.state_dict(), state);
-  EXPECT_TRUE(has(error_of([&] { restored.load_state_dict({}); }), "The source state dict is empty"));
-  EXPECT_TRUE(has(error_of([&] { restored.load_state_dict({{"scale", 1.0}}); }),
+  EXPECT_TRUE(
+      has(error_of([&] { restored.load_state_dict({}); }), "The source state dict is empty"));
+  EXPECT_TRUE(has(error_of([&] {
+                    restored.load_state_dict({{"scale", 1.0}});
+                  }),
                   "missing key 'growth_factor'"));
 }
 

@@ -2,6 +2,7 @@
 // fp16's smallest subnormal (6e-8) gets all-zero gradients and does not learn;
 // the same run with a GradScaler keeps them representable and learns.
 #include "mixprec/amp/autocast.h"
+#include "mixprec/amp/fp16_cpu.h"
 #include "mixprec/amp/grad_scaler.h"
 #include "mixprec/optim/adamw.h"
 
@@ -46,7 +47,15 @@ TrainResult train(bool use_scaler) {
   return run;
 }
 
-TEST(LossScaling, Fp16GradientsUnderflowWithoutScalingAndLearnWithIt) {
+// On LibTorch's fp16 kernels and on mixprec's fp16 CPU fast path alike: the
+// fast path keeps fp16's range for activations and gradients.
+class LossScaling : public ::testing::TestWithParam<mixprec::amp::Fp16CpuPath> {
+ protected:
+  void SetUp() override { mixprec::amp::set_fp16_cpu_path(GetParam()); }
+  void TearDown() override { mixprec::amp::set_fp16_cpu_path(mixprec::amp::Fp16CpuPath::kAuto); }
+};
+
+TEST_P(LossScaling, Fp16GradientsUnderflowWithoutScalingAndLearnWithIt) {
   const TrainResult unscaled = train(/*use_scaler=*/false);
   const TrainResult scaled = train(/*use_scaler=*/true);
   EXPECT_EQ(unscaled.zero_grad_fraction, 1.0);  // every gradient element underflowed
@@ -54,5 +63,13 @@ TEST(LossScaling, Fp16GradientsUnderflowWithoutScalingAndLearnWithIt) {
   EXPECT_EQ(unscaled.last_loss, unscaled.first_loss);  // nothing learnt
   EXPECT_LT(scaled.last_loss, 0.05 * scaled.first_loss);
 }
+
+INSTANTIATE_TEST_SUITE_P(Fp16Cpu, LossScaling,
+                         ::testing::Values(mixprec::amp::Fp16CpuPath::kNever,
+                                           mixprec::amp::Fp16CpuPath::kAlways),
+                         [](const auto& info) {
+                           return info.param == mixprec::amp::Fp16CpuPath::kNever ? "LibTorch"
+                                                                                  : "FastPath";
+                         });
 
 }  // namespace

@@ -9,9 +9,9 @@ using mixprec::optim::AdamW;
 using mixprec::optim::AdamWOptions;
 
 // Trains a quadratic for `steps` steps and returns the final parameters.
-std::vector<torch::Tensor> train(const std::function<std::unique_ptr<torch::optim::Optimizer>(
-                                     std::vector<torch::Tensor>)>& make,
-                                 int steps = 20) {
+std::vector<torch::Tensor> train(
+    const std::function<std::unique_ptr<torch::optim::Optimizer>(std::vector<torch::Tensor>)>& make,
+    int steps = 20) {
   torch::manual_seed(0);
   std::vector<torch::Tensor> params = {torch::randn({7, 5}, torch::requires_grad()),
                                        torch::randn({5}, torch::requires_grad())};
@@ -37,9 +37,8 @@ void expect_close(const std::vector<torch::Tensor>& a, const std::vector<torch::
 TEST(AdamW, FusedMatchesUnfused) {
   for (bool amsgrad : {false, true}) {
     SCOPED_TRACE(amsgrad ? "amsgrad" : "adamw");
-    auto unfused = train([&](auto p) {
-      return std::make_unique<AdamW>(p, AdamWOptions(0.05).amsgrad(amsgrad));
-    });
+    auto unfused = train(
+        [&](auto p) { return std::make_unique<AdamW>(p, AdamWOptions(0.05).amsgrad(amsgrad)); });
     auto fused = train([&](auto p) {
       return std::make_unique<AdamW>(p, AdamWOptions(0.05).amsgrad(amsgrad).fused(true));
     });
@@ -81,7 +80,8 @@ TEST(AdamW, InvalidOptionsAreClearErrors) {
     AdamW({p}, AdamWOptions().betas({0.9, 1.0}));
     FAIL();
   } catch (const c10::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("Invalid beta parameter at index 1: 1"), std::string::npos);
+    EXPECT_NE(std::string(e.what()).find("Invalid beta parameter at index 1: 1"),
+              std::string::npos);
   }
   auto ints = torch::zeros({1}, torch::kLong);
   try {

@@ -29,8 +29,9 @@ class Autocast {
   /// `dtype` defaults to the device's current autocast dtype (bf16 on CPU, fp16
   /// on CUDA unless changed), `cache_enabled` to the current cache flag (true
   /// unless changed), as in PyTorch.
-  explicit Autocast(c10::DeviceType device_type, std::optional<c10::ScalarType> dtype = std::nullopt,
-                    bool enabled = true, std::optional<bool> cache_enabled = std::nullopt);
+  explicit Autocast(c10::DeviceType device_type,
+                    std::optional<c10::ScalarType> dtype = std::nullopt, bool enabled = true,
+                    std::optional<bool> cache_enabled = std::nullopt);
   ~Autocast();
 
   Autocast(const Autocast&) = delete;

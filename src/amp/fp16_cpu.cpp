@@ -1,0 +1,199 @@
+// Design note: fp16 on CPUs without FP16 arithmetic.
+//
+// Where: kernels registered for the aten ops at the CPU dispatch key, not at
+// AutocastCPU. The backward of an fp16 matmul runs outside autocast, on fp16
+// tensors, and reaches the CPU key only; a kernel there serves the forward, the
+// backward, and models cast to fp16 alike. A kernel handles Half inputs itself
+// and hands every other dtype, unchanged, to LibTorch's own kernel for that
+// key (at::cpu::mm, ...; at::compositeexplicitautograd::convolution for ops
+// without a CPU kernel), so no other dtype changes by a bit.
+//
+// When: a torch::Library made at run time, on first need, not a static
+// TORCH_LIBRARY_IMPL: a program that never asks mixprec for fp16 keeps
+// LibTorch's kernels, and the dispatcher's "overriding a previously registered
+// kernel" warning, meant for accidental clashes, is silenced around our
+// deliberate override. Registration is for the life of the process; the path
+// setting is read on every call, so it can be switched off at any time.
+//
+// What: up-cast the fp16 inputs to fp32 (exact), run the fp32 kernel (fp32
+// accumulation, the fast GEMM), round the result to fp16 once.
+#include "mixprec/amp/fp16_cpu.h"
+
+#include <ATen/ATen.h>
+#include <ATen/cpu/Utils.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_cpu_dispatch.h>
+#include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_cpu_dispatch.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/baddbmm_cpu_dispatch.h>
+#include <ATen/ops/bmm_cpu_dispatch.h>
+#include <ATen/ops/convolution_backward_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/convolution_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/mm_cpu_dispatch.h>
+#include <c10/util/Exception.h>
+#include <torch/library.h>
+
+#include <atomic>
+#include <memory>
+#include <mutex>
+
+namespace mixprec::amp {
+
+namespace {
+
+std::atomic<Fp16CpuPath> g_path{Fp16CpuPath::kAuto};
+std::atomic<bool> g_installed{false};
+std::atomic<int64_t> g_calls{0};
+
+bool wants_fast_path(Fp16CpuPath path) {
+  return path == Fp16CpuPath::kAlways || (path == Fp16CpuPath::kAuto && !cpu_has_native_fp16());
+}
+
+// Half inputs, and the fast path on: count the call and take it.
+bool fast(std::initializer_list<const at::Tensor*> tensors) {
+  for (const at::Tensor* t : tensors)
+    if (t->scalar_type() != at::kHalf) return false;
+  if (!wants_fast_path(g_path.load(std::memory_order_relaxed))) return false;
+  g_calls.fetch_add(1, std::memory_order_relaxed);
+  return true;
+}
+
+at::Tensor up(const at::Tensor& t) { return t.to(at::kFloat); }
+std::optional<at::Tensor> up(const std::optional<at::Tensor>& t) {
+  if (!t || !t->defined()) return t;
+  return t->to(at::kFloat);
+}
+at::Tensor down(const at::Tensor& t) { return t.defined() ? t.to(at::kHalf) : t; }
+
+at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
+  if (!fast({&self, &mat2})) return at::cpu::mm(self, mat2);
+  return down(at::cpu::mm(up(self), up(mat2)));
+}
+
+at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
+  if (!fast({&self, &mat2})) return at::cpu::bmm(self, mat2);
+  return down(at::cpu::bmm(up(self), up(mat2)));
+}
+
+at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
+                 const at::Scalar& beta, const at::Scalar& alpha) {
+  if (!fast({&self, &mat1, &mat2})) return at::cpu::addmm(self, mat1, mat2, beta, alpha);
+  return down(at::cpu::addmm(up(self), up(mat1), up(mat2), beta, alpha));
+}
+
+at::Tensor baddbmm(const at::Tensor& self, const at::Tensor& batch1, const at::Tensor& batch2,
+                   const at::Scalar& beta, const at::Scalar& alpha) {
+  if (!fast({&self, &batch1, &batch2})) return at::cpu::baddbmm(self, batch1, batch2, beta, alpha);
+  return down(at::cpu::baddbmm(up(self), up(batch1), up(batch2), beta, alpha));
+}
+
+at::Tensor convolution(const at::Tensor& input, const at::Tensor& weight,
+                       const std::optional<at::Tensor>& bias, c10::SymIntArrayRef stride,
+                       c10::SymIntArrayRef padding, c10::SymIntArrayRef dilation, bool transposed,
+                       c10::SymIntArrayRef output_padding, c10::SymInt groups) {
+  namespace ce = at::compositeexplicitautograd;
+  if (!fast({&input, &weight}) || (bias && bias->defined() && bias->scalar_type() != at::kHalf))
+    return ce::convolution_symint(input, weight, bias, stride, padding, dilation, transposed,
+                                  output_padding, groups);
+  return down(ce::convolution_symint(up(input), up(weight), up(bias), stride, padding, dilation,
+                                     transposed, output_padding, groups));
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
+    const at::Tensor& grad_output, const at::Tensor& input, const at::Tensor& weight,
+    at::OptionalSymIntArrayRef bias_sizes, c10::SymIntArrayRef stride, c10::SymIntArrayRef padding,
+    c10::SymIntArrayRef dilation, bool transposed, c10::SymIntArrayRef output_padding,
+    c10::SymInt groups, std::array<bool, 3> output_mask) {
+  namespace ce = at::compositeexplicitautograd;
+  if (!fast({&grad_output, &input, &weight}))
+    return ce::convolution_backward_symint(grad_output, input, weight, bias_sizes, stride, padding,
+                                           dilation, transposed, output_padding, groups,
+                                           output_mask);
+  auto [gi, gw, gb] = ce::convolution_backward_symint(
+      up(grad_output), up(input), up(weight), bias_sizes, stride, padding, dilation, transposed,
+      output_padding, groups, output_mask);
+  return {down(gi), down(gw), down(gb)};
+}
+
+// logsumexp is fp32 on both paths.
+std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, const at::Tensor& key,
+                                                   const at::Tensor& value, double dropout_p,
+                                                   bool is_causal,
+                                                   const std::optional<at::Tensor>& attn_mask,
+                                                   std::optional<double> scale) {
+  if (!fast({&query, &key, &value}))
+    return at::cpu::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p,
+                                                                is_causal, attn_mask, scale);
+  auto [out, lse] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(
+      up(query), up(key), up(value), dropout_p, is_causal, up(attn_mask), scale);
+  return {down(out), lse};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
+    const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
+    const at::Tensor& value, const at::Tensor& out, const at::Tensor& logsumexp, double dropout_p,
+    bool is_causal, const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
+  if (!fast({&grad_out, &query, &key, &value, &out}))
+    return at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(
+        grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask, scale);
+  auto [gq, gk, gv] = at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(
+      up(grad_out), up(query), up(key), up(value), up(out), logsumexp, dropout_p, is_causal,
+      up(attn_mask), scale);
+  return {down(gq), down(gk), down(gv)};
+}
+
+class SilentWarnings : public c10::WarningHandler {
+ public:
+  void process(const c10::Warning&) override {}
+};
+
+void install() {
+  static std::mutex mutex;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (g_installed.load()) return;
+  SilentWarnings silent;
+  c10::WarningUtils::WarningHandlerGuard guard(&silent);
+  // Never destroyed: deregistering at exit would race with other statics.
+  static auto* library =
+      new torch::Library(torch::Library::IMPL, "aten", c10::DispatchKey::CPU, __FILE__, __LINE__);
+  library->impl("mm", TORCH_FN(mm));
+  library->impl("bmm", TORCH_FN(bmm));
+  library->impl("addmm", TORCH_FN(addmm));
+  library->impl("baddbmm", TORCH_FN(baddbmm));
+  library->impl("convolution", TORCH_FN(convolution));
+  library->impl("convolution_backward", TORCH_FN(convolution_backward));
+  library->impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(flash_attention));
+  library->impl("_scaled_dot_product_flash_attention_for_cpu_backward",
+                TORCH_FN(flash_attention_backward));
+  g_installed.store(true);
+}
+
+}  // namespace
+
+void set_fp16_cpu_path(Fp16CpuPath path) {
+  g_path.store(path);
+  maybe_install_fp16_cpu_fast_path();
+}
+
+Fp16CpuPath fp16_cpu_path() { return g_path.load(); }
+
+bool cpu_has_native_fp16() {
+  static const bool native = [] {
+    const auto caps = at::cpu::get_cpu_capabilities();
+    auto has = [&](const char* name) {
+      auto it = caps.find(name);
+      return it != caps.end() && it->second.isBool() && it->second.toBool();
+    };
+    return has("avx512_fp16") || has("amx_fp16");
+  }();
+  return native;
+}
+
+bool fp16_cpu_fast_path_active() { return g_installed.load() && wants_fast_path(g_path.load()); }
+
+void maybe_install_fp16_cpu_fast_path() {
+  if (!g_installed.load() && wants_fast_path(g_path.load())) install();
+}
+
+int64_t fp16_cpu_fast_path_calls() { return g_calls.load(); }
+
+}  // namespace mixprec::amp

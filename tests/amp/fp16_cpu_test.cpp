@@ -1,0 +1,198 @@
+// The fp16 CPU fast path: each covered op, forward and backward, against an fp64
+// reference computed from the same fp16 inputs and rounded to fp16.
+#include "mixprec/amp/fp16_cpu.h"
+#include "mixprec/amp/autocast.h"
+
+#include <ATen/ops/mm_cpu_dispatch.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+
+namespace {
+
+using mixprec::amp::Fp16CpuPath;
+
+// fp32 accumulation of k products adds at most k * 2^-24 * sum|a_i b_i|
+// (|ab| the same sum with absolute values, computed in fp64); rounding to fp16
+// adds half an ulp, 2^-11 |x|, and the reference's own rounding as much again.
+// So |ours - ref16| <= 2^-10 |ref| + k * 2^-24 * |a||b| + fp16's smallest
+// subnormal (2^-24) for results near zero.
+void expect_within_fp16_bound(const at::Tensor& ours, const at::Tensor& ref64,
+                              const at::Tensor& abs_products64, int64_t k, const char* what) {
+  ASSERT_EQ(ours.scalar_type(), at::kHalf) << what;
+  const auto ref16 = ref64.to(at::kHalf).to(at::kDouble);
+  const auto bound = ref64.abs() * std::ldexp(1.0, -10) +
+                     abs_products64 * (static_cast<double>(k) * std::ldexp(1.0, -24)) +
+                     std::ldexp(1.0, -24);
+  const auto excess = (ours.to(at::kDouble) - ref16).abs() - bound;
+  EXPECT_LE(excess.max().item<double>(), 0.0) << what;
+}
+
+at::Tensor half_randn(at::IntArrayRef shape) { return torch::randn(shape).to(at::kHalf); }
+at::Tensor d(const at::Tensor& t) { return t.to(at::kDouble); }
+
+class Fp16CpuTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    torch::manual_seed(0);
+    mixprec::amp::set_fp16_cpu_path(Fp16CpuPath::kAlways);
+  }
+  void TearDown() override { mixprec::amp::set_fp16_cpu_path(Fp16CpuPath::kAuto); }
+  // Runs f and returns how many fast-path calls it made.
+  int64_t calls(const std::function<void()>& f) {
+    const int64_t before = mixprec::amp::fp16_cpu_fast_path_calls();
+    f();
+    return mixprec::amp::fp16_cpu_fast_path_calls() - before;
+  }
+};
+
+TEST_F(Fp16CpuTest, MatmulsMatchFp64ReferenceRoundedToFp16) {
+  const int64_t k = 96;
+  auto a = half_randn({33, k}), b = half_randn({k, 17}), c = half_randn({33, 17});
+  auto ba = half_randn({4, 9, k}), bb = half_randn({4, k, 5}), bc = half_randn({4, 9, 5});
+  at::Tensor mm, addmm, bmm, baddbmm;
+  EXPECT_EQ(calls([&] {
+              mm = at::mm(a, b);
+              addmm = at::addmm(c, a, b, 0.5, 2.0);
+              bmm = at::bmm(ba, bb);
+              baddbmm = at::baddbmm(bc, ba, bb, 0.5, 2.0);
+            }),
+            4);
+  expect_within_fp16_bound(mm, d(a).mm(d(b)), d(a).abs().mm(d(b).abs()), k, "mm");
+  expect_within_fp16_bound(addmm, 0.5 * d(c) + 2.0 * d(a).mm(d(b)),
+                           0.5 * d(c).abs() + 2.0 * d(a).abs().mm(d(b).abs()), k + 1, "addmm");
+  expect_within_fp16_bound(bmm, d(ba).bmm(d(bb)), d(ba).abs().bmm(d(bb).abs()), k, "bmm");
+  expect_within_fp16_bound(baddbmm, 0.5 * d(bc) + 2.0 * d(ba).bmm(d(bb)),
+                           0.5 * d(bc).abs() + 2.0 * d(ba).abs().bmm(d(bb).abs()), k + 1,
+                           "baddbmm");
+}
+
+// linear and matmul decompose into the covered ops, forward and backward.
+TEST_F(Fp16CpuTest, LinearForwardAndBackward) {
+  const int64_t in = 64, out = 24, batch = 10;
+  auto x = half_randn({batch, in}).requires_grad_();
+  auto w = half_randn({out, in}).requires_grad_();
+  auto bias = half_randn({out}).requires_grad_();
+  auto g = half_randn({batch, out});
+  at::Tensor y;
+  EXPECT_GE(calls([&] {
+              y = torch::nn::functional::linear(x, w, bias);
+              y.backward(g);
+            }),
+            3);  // forward, grad of x, grad of w
+  auto xd = d(x.detach()), wd = d(w.detach()), gd = d(g);
+  expect_within_fp16_bound(y.detach(), xd.mm(wd.t()) + d(bias.detach()),
+                           xd.abs().mm(wd.abs().t()) + d(bias.detach()).abs(), in + 1, "linear");
+  expect_within_fp16_bound(x.grad(), gd.mm(wd), gd.abs().mm(wd.abs()), out, "linear grad x");
+  expect_within_fp16_bound(w.grad(), gd.t().mm(xd), gd.abs().t().mm(xd.abs()), batch,
+                           "linear grad w");
+}
+
+TEST_F(Fp16CpuTest, Conv2dForwardAndBackward) {
+  namespace F = torch::nn::functional;
+  auto x = half_randn({2, 3, 9, 9}).requires_grad_();
+  auto w = half_randn({5, 3, 3, 3}).requires_grad_();
+  auto conv = F::Conv2dFuncOptions().padding(1);
+  at::Tensor y;
+  EXPECT_EQ(calls([&] { y = F::conv2d(x, w, conv); }), 1);
+  auto xd = d(x.detach()), wd = d(w.detach());
+  const int64_t k = 3 * 3 * 3;
+  expect_within_fp16_bound(y.detach(), F::conv2d(xd, wd, conv), F::conv2d(xd.abs(), wd.abs(), conv),
+                           k, "conv2d");
+  auto g = half_randn(y.sizes());
+  EXPECT_EQ(calls([&] { y.backward(g); }), 1);
+  auto xr = xd.clone().requires_grad_(), wr = wd.clone().requires_grad_();
+  F::conv2d(xr, wr, conv).backward(d(g));
+  auto xa = xd.abs().requires_grad_(), wa = wd.abs().requires_grad_();
+  F::conv2d(xa, wa, conv).backward(d(g).abs());
+  expect_within_fp16_bound(x.grad(), xr.grad(), xa.grad(), 5 * 9, "conv2d grad x");
+  expect_within_fp16_bound(w.grad(), wr.grad(), wa.grad(), 2 * 81, "conv2d grad w");
+}
+
+TEST_F(Fp16CpuTest, Conv1dUnderAutocast) {
+  namespace F = torch::nn::functional;
+  auto x = torch::randn({2, 4, 16});
+  auto w = torch::randn({6, 4, 5}, torch::requires_grad());
+  at::Tensor y;
+  EXPECT_GE(calls([&] {
+              mixprec::amp::Autocast autocast(torch::kCPU, torch::kHalf);
+              y = F::conv1d(x, w);
+            }),
+            1);
+  ASSERT_EQ(y.scalar_type(), at::kHalf);
+  auto x16 = d(x.to(at::kHalf)), w16 = d(w.detach().to(at::kHalf));
+  expect_within_fp16_bound(y.detach(), F::conv1d(x16, w16), F::conv1d(x16.abs(), w16.abs()), 4 * 5,
+                           "conv1d");
+  y.sum().backward();
+  EXPECT_EQ(w.grad().scalar_type(), at::kFloat);  // fp32 master weights get fp32 grads
+}
+
+TEST_F(Fp16CpuTest, ScaledDotProductAttentionForwardAndBackward) {
+  auto q = half_randn({2, 3, 16, 8}).requires_grad_();
+  auto k = half_randn({2, 3, 16, 8}).requires_grad_();
+  auto v = half_randn({2, 3, 16, 8}).requires_grad_();
+  at::Tensor out;
+  EXPECT_EQ(
+      calls([&] { out = at::scaled_dot_product_attention(q, k, v, {}, 0.0, /*is_causal=*/true); }),
+      1);
+  auto qd = d(q.detach()).requires_grad_(), kd = d(k.detach()).requires_grad_(),
+       vd = d(v.detach()).requires_grad_();
+  auto ref = at::scaled_dot_product_attention(qd, kd, vd, {}, 0.0, true);
+  // Softmax and its exp run in fp32 inside the kernel: allow fp32's error on
+  // top of the rounding (outputs are averages of |v| <= ~4).
+  auto abs_v =
+      at::scaled_dot_product_attention(qd.detach(), kd.detach(), vd.detach().abs(), {}, 0.0, true);
+  expect_within_fp16_bound(out.detach(), ref.detach(), abs_v * 64, 16, "sdpa");
+  auto g = half_randn(out.sizes());
+  EXPECT_EQ(calls([&] { out.backward(g); }), 1);
+  ref.backward(d(g));
+  for (auto [ours, theirs, name] :
+       {std::tuple{q.grad(), qd.grad(), "q"}, std::tuple{k.grad(), kd.grad(), "k"},
+        std::tuple{v.grad(), vd.grad(), "v"}}) {
+    ASSERT_EQ(ours.scalar_type(), at::kHalf) << name;
+    // Gradients go through the softmax's derivative: compare to fp16 resolution
+    // of the largest gradient, plus fp32 softmax error.
+    const double scale = theirs.abs().max().item<double>();
+    EXPECT_LE((d(ours) - theirs).abs().max().item<double>(), scale * std::ldexp(1.0, -9)) << name;
+  }
+}
+
+TEST_F(Fp16CpuTest, OtherDtypesAreUntouched) {
+  auto a = torch::randn({32, 48}), b = torch::randn({48, 16});
+  at::Tensor f32, bf16;
+  EXPECT_EQ(calls([&] {
+              f32 = at::mm(a, b);
+              bf16 = at::mm(a.to(at::kBFloat16), b.to(at::kBFloat16));
+            }),
+            0);
+  EXPECT_TRUE(torch::equal(f32, at::cpu::mm(a, b)));
+  EXPECT_TRUE(torch::equal(bf16, at::cpu::mm(a.to(at::kBFloat16), b.to(at::kBFloat16))));
+}
+
+TEST_F(Fp16CpuTest, NeverUsesLibTorchsFp16Kernels) {
+  auto a = half_randn({8, 40}), b = half_randn({40, 8});
+  mixprec::amp::set_fp16_cpu_path(Fp16CpuPath::kNever);
+  EXPECT_FALSE(mixprec::amp::fp16_cpu_fast_path_active());
+  at::Tensor libtorch;
+  EXPECT_EQ(calls([&] { libtorch = at::mm(a, b); }), 0);
+  EXPECT_TRUE(torch::equal(libtorch, at::cpu::mm(a, b)));
+  mixprec::amp::set_fp16_cpu_path(Fp16CpuPath::kAlways);
+  EXPECT_TRUE(mixprec::amp::fp16_cpu_fast_path_active());
+  // Both accumulate in fp32: they may differ by the order of summation only.
+  expect_within_fp16_bound(at::mm(a, b), d(a).mm(d(b)), d(a).abs().mm(d(b).abs()), 40, "mm");
+}
+
+// Each test runs in a process of its own (gtest_discover_tests), so this one
+// sees the first installation.
+TEST(Fp16CpuInstall, OverrideWarningIsNotShownAndAutoFollowsTheCpu) {
+  testing::internal::CaptureStderr();
+  mixprec::amp::set_fp16_cpu_path(Fp16CpuPath::kAlways);
+  const std::string printed = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(printed.find("Overriding"), std::string::npos) << printed;
+  EXPECT_TRUE(mixprec::amp::fp16_cpu_fast_path_active());
+  mixprec::amp::set_fp16_cpu_path(Fp16CpuPath::kAuto);
+  EXPECT_EQ(mixprec::amp::fp16_cpu_fast_path_active(), !mixprec::amp::cpu_has_native_fp16());
+}
+
+}  // namespace
