@@ -1,0 +1,78 @@
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mixprec::optim {
+
+/// What a scheduler keeps across a checkpoint (torch's LambdaLR state_dict
+/// without the lambda, which is code).
+struct LRSchedulerState {
+  int64_t last_epoch = 0;
+  std::vector<double> base_lrs;
+};
+
+/// `torch.optim.lr_scheduler.LambdaLR`: the lr of each param group is its
+/// initial lr times `lr_lambda(step)`. As in PyTorch, construction applies
+/// step 0 and each `step()` advances by one.
+///
+/// ```
+/// mixprec::optim::LRScheduler scheduler(optimizer, [](int64_t step) { return 0.95; });
+/// optimizer.step();
+/// scheduler.step();
+/// ```
+class LRScheduler {
+ public:
+  using LrLambda = std::function<double(int64_t step)>;
+  LRScheduler(torch::optim::Optimizer& optimizer, LrLambda lr_lambda);
+  virtual ~LRScheduler() = default;
+
+  void step();
+  /// The lr of each param group set by the last step.
+  const std::vector<double>& get_last_lr() const { return last_lr_; }
+  int64_t last_epoch() const { return last_epoch_; }
+
+  LRSchedulerState state_dict() const { return {last_epoch_, base_lrs_}; }
+  /// Restores the position and sets the optimizer's lrs to what they were.
+  void load_state_dict(const LRSchedulerState& state);
+
+ private:
+  void apply();
+
+  torch::optim::Optimizer* optimizer_;
+  LrLambda lr_lambda_;
+  std::vector<double> base_lrs_;
+  std::vector<double> last_lr_;
+  int64_t last_epoch_ = -1;
+};
+
+/// Options of `get_scheduler` beyond the step counts, with transformers'
+/// defaults (`scheduler_specific_kwargs`).
+struct SchedulerOptions {
+  int64_t num_warmup_steps = 0;
+  std::optional<int64_t> num_training_steps = std::nullopt;
+  /// cosine: 0.5 (half a wave); cosine_with_restarts: 1 when unset.
+  std::optional<double> num_cycles = std::nullopt;
+  double lr_end = 1e-7;  // polynomial
+  double power = 1.0;    // polynomial
+  /// inverse_sqrt: num_warmup_steps, or 10000 without warmup, when unset.
+  std::optional<int64_t> timescale = std::nullopt;
+};
+
+/// The scheduler types of `transformers.get_scheduler`: "linear", "cosine",
+/// "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
+/// "inverse_sqrt".
+const std::vector<std::string>& scheduler_types();
+
+/// `transformers.get_scheduler(name, optimizer, num_warmup_steps,
+/// num_training_steps)`: the same lr at every step. An unknown name or a
+/// missing `num_training_steps` is an error that says which.
+LRScheduler get_scheduler(const std::string& name, torch::optim::Optimizer& optimizer,
+                          const SchedulerOptions& options = {});
+
+}  // namespace mixprec::optim

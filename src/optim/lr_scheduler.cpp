@@ -1,0 +1,127 @@
+#include "mixprec/optim/lr_scheduler.h"
+
+#include <c10/util/Exception.h>
+
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+#include <sstream>
+
+namespace mixprec::optim {
+
+LRScheduler::LRScheduler(torch::optim::Optimizer& optimizer, LrLambda lr_lambda)
+    : optimizer_(&optimizer), lr_lambda_(std::move(lr_lambda)) {
+  for (auto& group : optimizer_->param_groups()) base_lrs_.push_back(group.options().get_lr());
+  step();
+}
+
+void LRScheduler::step() {
+  ++last_epoch_;
+  apply();
+}
+
+void LRScheduler::apply() {
+  auto& groups = optimizer_->param_groups();
+  TORCH_CHECK(groups.size() == base_lrs_.size(), "LRScheduler: the optimizer has ", groups.size(),
+              " param groups, the scheduler was made for ", base_lrs_.size());
+  const double factor = lr_lambda_(last_epoch_);
+  last_lr_.clear();
+  for (size_t i = 0; i < groups.size(); ++i) {
+    groups[i].options().set_lr(base_lrs_[i] * factor);
+    last_lr_.push_back(base_lrs_[i] * factor);
+  }
+}
+
+void LRScheduler::load_state_dict(const LRSchedulerState& state) {
+  TORCH_CHECK(state.base_lrs.size() == base_lrs_.size(),
+              "LRScheduler::load_state_dict: ", state.base_lrs.size(), " base lrs in the state, ",
+              base_lrs_.size(), " param groups in the optimizer");
+  TORCH_CHECK(state.last_epoch >= 0, "LRScheduler::load_state_dict: invalid last_epoch ",
+              state.last_epoch);
+  base_lrs_ = state.base_lrs;
+  last_epoch_ = state.last_epoch;
+  apply();
+}
+
+namespace {
+
+double warmup(int64_t step, int64_t warmup_steps) {
+  return static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup_steps));
+}
+
+double progress(int64_t step, int64_t warmup_steps, int64_t training_steps) {
+  return static_cast<double>(step - warmup_steps) /
+         static_cast<double>(std::max<int64_t>(1, training_steps - warmup_steps));
+}
+
+}  // namespace
+
+const std::vector<std::string>& scheduler_types() {
+  static const std::vector<std::string> types = {"linear",      "cosine",   "cosine_with_restarts",
+                                                 "polynomial",  "constant", "constant_with_warmup",
+                                                 "inverse_sqrt"};
+  return types;
+}
+
+// The lambdas are transformers.optimization's, term for term.
+LRScheduler get_scheduler(const std::string& name, torch::optim::Optimizer& optimizer,
+                          const SchedulerOptions& o) {
+  const auto& types = scheduler_types();
+  if (std::find(types.begin(), types.end(), name) == types.end()) {
+    std::ostringstream known;
+    for (const auto& t : types) known << (&t == &types.front() ? "" : ", ") << t;
+    TORCH_CHECK(false, "Unknown lr_scheduler_type '", name, "'; expected one of: ", known.str());
+  }
+  const int64_t w = o.num_warmup_steps;
+  TORCH_CHECK(w >= 0, "num_warmup_steps must be >= 0, got ", w);
+  if (name == "constant") return LRScheduler(optimizer, [](int64_t) { return 1.0; });
+  if (name == "constant_with_warmup")
+    return LRScheduler(optimizer, [w](int64_t s) { return s < w ? warmup(s, w) : 1.0; });
+  if (name == "inverse_sqrt") {
+    const int64_t timescale = o.timescale.value_or(w > 0 ? w : 10000);
+    return LRScheduler(optimizer, [w, timescale](int64_t s) {
+      if (s < w) return warmup(s, w);
+      const auto shift = static_cast<double>(timescale - w);
+      return 1.0 / std::sqrt((static_cast<double>(s) + shift) / static_cast<double>(timescale));
+    });
+  }
+  TORCH_CHECK(o.num_training_steps.has_value(), name,
+              " requires `num_training_steps`, please provide that argument.");
+  const int64_t t = *o.num_training_steps;
+  if (name == "linear") {
+    return LRScheduler(optimizer, [w, t](int64_t s) {
+      if (s < w) return warmup(s, w);
+      return std::max(
+          0.0, static_cast<double>(t - s) / static_cast<double>(std::max<int64_t>(1, t - w)));
+    });
+  }
+  if (name == "cosine") {
+    const double cycles = o.num_cycles.value_or(0.5);
+    return LRScheduler(optimizer, [w, t, cycles](int64_t s) {
+      if (s < w) return warmup(s, w);
+      return std::max(0.0,
+                      0.5 * (1.0 + std::cos(std::numbers::pi * cycles * 2.0 * progress(s, w, t))));
+    });
+  }
+  if (name == "cosine_with_restarts") {
+    const double cycles = o.num_cycles.value_or(1.0);
+    return LRScheduler(optimizer, [w, t, cycles](int64_t s) {
+      if (s < w) return warmup(s, w);
+      const double p = progress(s, w, t);
+      if (p >= 1.0) return 0.0;
+      return std::max(0.0, 0.5 * (1.0 + std::cos(std::numbers::pi * std::fmod(cycles * p, 1.0))));
+    });
+  }
+  // polynomial: decays from the optimizer's default lr to lr_end.
+  const double lr_init = optimizer.defaults().get_lr();
+  TORCH_CHECK(lr_init > o.lr_end, "lr_end (", o.lr_end, ") must be smaller than initial lr (",
+              lr_init, ")");
+  return LRScheduler(optimizer, [w, t, lr_init, lr_end = o.lr_end, power = o.power](int64_t s) {
+    if (s < w) return warmup(s, w);
+    if (s > t) return lr_end / lr_init;
+    const double remaining = 1.0 - static_cast<double>(s - w) / static_cast<double>(t - w);
+    return ((lr_init - lr_end) * std::pow(remaining, power) + lr_end) / lr_init;
+  });
+}
+
+}  // namespace mixprec::optim

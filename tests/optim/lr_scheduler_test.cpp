@@ -1,0 +1,97 @@
+// Learning-rate schedules against transformers.get_scheduler (the values of
+// tests/reference/lr_schedules.py): the same double arithmetic, so the lrs
+// must agree to a few ulps (rtol 1e-12).
+#include "mixprec/optim/lr_scheduler.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using json = nlohmann::json;
+using mixprec::optim::get_scheduler;
+using mixprec::optim::SchedulerOptions;
+
+json reference() {
+  const std::string path = std::string(MIXPREC_REFERENCE_DIR) + "/lr_schedules.json";
+  std::ifstream in(path);
+  if (!in) throw std::runtime_error("cannot open " + path);
+  return json::parse(in)["cases"];
+}
+
+// Two param groups with their own lr, as the reference script makes them.
+struct TwoGroups {
+  torch::Tensor a = torch::zeros({1}, torch::requires_grad());
+  torch::Tensor b = torch::zeros({1}, torch::requires_grad());
+  torch::optim::SGD sgd{
+      {torch::optim::OptimizerParamGroup({a}),
+       torch::optim::OptimizerParamGroup({b}, std::make_unique<torch::optim::SGDOptions>(0.5))},
+      torch::optim::SGDOptions(0.1)};
+};
+
+TEST(LRScheduler, MatchesTransformersGetScheduler) {
+  const json cases = reference();
+  ASSERT_EQ(cases.size(), 20u);
+  for (const auto& c : cases) {
+    TwoGroups model;
+    SchedulerOptions options{.num_warmup_steps = c["num_warmup_steps"].get<int64_t>(),
+                             .num_training_steps = c["num_training_steps"].get<int64_t>()};
+    const json& kw = c["kwargs"];
+    if (kw.contains("num_cycles")) options.num_cycles = kw["num_cycles"].get<double>();
+    if (kw.contains("lr_end")) options.lr_end = kw["lr_end"].get<double>();
+    if (kw.contains("power")) options.power = kw["power"].get<double>();
+    if (kw.contains("timescale")) options.timescale = kw["timescale"].get<int64_t>();
+    auto scheduler = get_scheduler(c["name"].get<std::string>(), model.sgd, options);
+    const std::string label = c.dump();
+    for (const auto& expected : c["lrs"]) {
+      const auto& got = scheduler.get_last_lr();
+      ASSERT_EQ(got.size(), 2u);
+      for (size_t g = 0; g < 2; ++g) {
+        const double want = expected[g].get<double>();
+        EXPECT_NEAR(got[g], want, 1e-12 * std::abs(want) + 1e-300) << label;
+        EXPECT_EQ(model.sgd.param_groups()[g].options().get_lr(), got[g]);
+      }
+      model.sgd.step();
+      scheduler.step();
+    }
+  }
+}
+
+TEST(LRScheduler, StateDictRestoresThePosition) {
+  TwoGroups first, second;
+  auto a = get_scheduler("cosine", first.sgd, {.num_warmup_steps = 3, .num_training_steps = 20});
+  for (int i = 0; i < 7; ++i) a.step();
+  auto b = get_scheduler("cosine", second.sgd, {.num_warmup_steps = 3, .num_training_steps = 20});
+  b.load_state_dict(a.state_dict());
+  EXPECT_EQ(b.last_epoch(), 7);
+  EXPECT_EQ(b.get_last_lr(), a.get_last_lr());
+  EXPECT_EQ(second.sgd.param_groups()[1].options().get_lr(), a.get_last_lr()[1]);
+  a.step();
+  b.step();
+  EXPECT_EQ(b.get_last_lr(), a.get_last_lr());
+}
+
+TEST(LRScheduler, BadArgumentsAreClearErrors) {
+  TwoGroups model;
+  try {
+    get_scheduler("cosine_annealing", model.sgd);
+    FAIL() << "no error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace())
+                  .find("Unknown lr_scheduler_type 'cosine_annealing'; expected one of: linear,"),
+              std::string::npos)
+        << e.what_without_backtrace();
+  }
+  EXPECT_THROW(get_scheduler("linear", model.sgd, {.num_warmup_steps = 2}), c10::Error);
+  EXPECT_THROW(get_scheduler("polynomial", model.sgd,
+                             {.num_training_steps = 10, .lr_end = 1.0}),  // > lr 0.1
+               c10::Error);
+  EXPECT_THROW(
+      get_scheduler("linear", model.sgd, {.num_warmup_steps = -1, .num_training_steps = 5}),
+      c10::Error);
+}
+
+}  // namespace
