@@ -1,0 +1,280 @@
+#pragma once
+
+#include "mixprec/amp/autocast.h"
+#include "mixprec/amp/grad_scaler.h"
+#include "mixprec/models/model_output.h"
+#include "mixprec/optim/lr_scheduler.h"
+
+#include <ATen/core/Tensor.h>
+#include <c10/core/Device.h>
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <concepts>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+namespace mixprec::accelerate {
+
+/// Options of `Accelerator`, with HF Accelerate's defaults.
+struct AcceleratorOptions {
+  /// "no", "fp16" (autocast fp16 + GradScaler) or "bf16" (autocast bf16).
+  std::string mixed_precision = "no";
+  int64_t gradient_accumulation_steps = 1;
+  /// Stay on the CPU even when CUDA is available.
+  bool cpu = false;
+  /// The GradScaler's options for fp16 (Accelerate's GradScalerKwargs).
+  amp::GradScalerOptions scaler = {};
+  /// The prepared scheduler steps only when its optimizers did.
+  bool step_scheduler_with_optimizer = true;
+  /// false: each process gets batch_size samples, and the scheduler steps
+  /// num_processes times per optimizer step, as in Accelerate.
+  bool split_batches = false;
+};
+
+/// Accelerate's GradientState: whether this micro-step syncs (steps the
+/// optimizer), and where the prepared data loader stands.
+struct GradientState {
+  bool sync_gradients = true;
+  bool end_of_dataloader = false;
+  /// Samples of padding in the last batch (-1: unknown), for gather_for_metrics.
+  int64_t remainder = -1;
+  int64_t num_steps = 1;
+};
+
+namespace detail {
+
+struct OptimizerFlags {
+  bool unscaled = false;  // this step's gradients were unscaled (by clipping)
+  bool step_was_skipped = false;
+};
+
+// What an Accelerator and the objects it prepared share.
+struct Shared {
+  AcceleratorOptions options;
+  c10::Device device{c10::kCPU};
+  std::optional<c10::ScalarType> autocast_dtype;
+  std::unique_ptr<amp::GradScaler> scaler;  // fp16 only
+  GradientState gradient_state;
+  int64_t step = 0;  // micro-steps into the accumulation window
+  std::vector<std::pair<torch::optim::Optimizer*, std::shared_ptr<OptimizerFlags>>> optimizers;
+
+  void unscale(torch::optim::Optimizer& optimizer, OptimizerFlags& flags);
+};
+
+inline at::Tensor to_fp32(at::Tensor t) {
+  if (t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16))
+    return t.to(at::kFloat);
+  return t;
+}
+inline models::ModelOutput to_fp32(models::ModelOutput out) {
+  return {to_fp32(std::move(out.loss)), to_fp32(std::move(out.logits))};
+}
+inline std::vector<at::Tensor> to_fp32(std::vector<at::Tensor> ts) {
+  for (auto& t : ts) t = to_fp32(std::move(t));
+  return ts;
+}
+template <typename... Ts>
+std::tuple<Ts...> to_fp32(std::tuple<Ts...> ts) {
+  return std::apply([](auto&&... t) { return std::tuple<Ts...>(to_fp32(std::move(t))...); },
+                    std::move(ts));
+}
+template <typename T>
+T to_fp32(T other) {  // anything else passes unchanged
+  return other;
+}
+
+}  // namespace detail
+
+/// A module handle (`torch::nn::ModuleHolder` or `std::shared_ptr<Module>`).
+template <typename M>
+concept ModuleHandle = requires(M m) {
+  { m->parameters() } -> std::convertible_to<std::vector<at::Tensor>>;
+  m->to(c10::Device(c10::kCPU));
+};
+
+/// A model prepared by an Accelerator: calling it runs `forward` under the
+/// accelerator's autocast and returns the outputs in fp32 (Accelerate's
+/// `convert_outputs_to_fp32`); `->` reaches the module itself.
+template <ModuleHandle M>
+class PreparedModel {
+ public:
+  PreparedModel(M module, std::shared_ptr<detail::Shared> shared)
+      : module_(std::move(module)), shared_(std::move(shared)) {}
+
+  template <typename... Args>
+  auto operator()(Args&&... args) {
+    std::optional<amp::Autocast> autocast;
+    if (shared_->autocast_dtype) autocast.emplace(shared_->device.type(), *shared_->autocast_dtype);
+    return detail::to_fp32(module_->forward(std::forward<Args>(args)...));
+  }
+  auto operator->() const { return module_.operator->(); }
+  /// The module as the user gave it.
+  const M& unwrap() const { return module_; }
+
+ private:
+  M module_;
+  std::shared_ptr<detail::Shared> shared_;
+};
+
+/// An optimizer prepared by an Accelerator: `step()` and `zero_grad()` act on
+/// sync steps only; in fp16, `step()` goes through the GradScaler and knows
+/// whether it was skipped.
+class AcceleratedOptimizer {
+ public:
+  AcceleratedOptimizer(torch::optim::Optimizer& optimizer, std::shared_ptr<detail::Shared> shared);
+  void step();
+  void zero_grad(bool set_to_none = true);
+  bool step_was_skipped() const { return flags_->step_was_skipped; }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
+  torch::optim::Optimizer* operator->() const { return optimizer_; }
+
+ private:
+  torch::optim::Optimizer* optimizer_;
+  std::shared_ptr<detail::OptimizerFlags> flags_;
+  std::shared_ptr<detail::Shared> shared_;
+};
+
+/// A scheduler prepared by an Accelerator: it does not advance on an
+/// accumulation step nor on a step its optimizers skipped (no "scheduler
+/// before optimizer" drift after an fp16 overflow).
+class AcceleratedScheduler {
+ public:
+  AcceleratedScheduler(optim::LRScheduler& scheduler, std::shared_ptr<detail::Shared> shared);
+  void step();
+  const std::vector<double>& get_last_lr() const { return scheduler_->get_last_lr(); }
+  optim::LRScheduler& scheduler() const { return *scheduler_; }
+
+ private:
+  optim::LRScheduler* scheduler_;
+  std::shared_ptr<detail::Shared> shared_;
+};
+
+/// HF Accelerate's `Accelerator`: mixed precision, gradient accumulation and
+/// clipping for a plain training loop, changed in three lines.
+///
+/// ```
+/// mixprec::Accelerator accelerator({.mixed_precision = "fp16"});
+/// auto [model, optimizer, scheduler] = accelerator.prepare(net, adamw, lr_scheduler);
+/// for (auto& [x, y] : batches) {
+///   auto guard = accelerator.accumulate();
+///   auto loss = torch::nn::functional::cross_entropy(model(x), y);
+///   accelerator.backward(loss);
+///   optimizer.step();
+///   scheduler.step();
+///   optimizer.zero_grad();
+/// }
+/// ```
+///
+/// The optimizer and scheduler given to `prepare` must outlive what it returns.
+class Accelerator {
+ public:
+  explicit Accelerator(AcceleratorOptions options = {});
+
+  template <typename... Ts>
+  auto prepare(Ts&&... objects) {
+    if constexpr (sizeof...(Ts) == 1)
+      return prepare_one(std::forward<Ts>(objects)...);
+    else
+      return std::tuple{prepare_one(std::forward<Ts>(objects))...};
+  }
+  template <ModuleHandle M>
+  PreparedModel<M> prepare_one(M model) {
+    model->to(shared_->device);
+    return PreparedModel<M>(std::move(model), shared_);
+  }
+  AcceleratedOptimizer prepare_one(torch::optim::Optimizer& optimizer);
+  AcceleratedScheduler prepare_one(optim::LRScheduler& scheduler);
+
+  /// Divides the loss by gradient_accumulation_steps and back-propagates it,
+  /// scaled in fp16.
+  void backward(const at::Tensor& loss);
+
+  /// Guard for one micro-step of gradient accumulation: sets sync_gradients
+  /// for it (every gradient_accumulation_steps-th step, and at the end of the
+  /// prepared data loader).
+  class AccumulateGuard {
+   public:
+    ~AccumulateGuard();
+    AccumulateGuard(const AccumulateGuard&) = delete;
+    AccumulateGuard& operator=(const AccumulateGuard&) = delete;
+
+   private:
+    friend class Accelerator;
+    AccumulateGuard() = default;
+  };
+  [[nodiscard]] AccumulateGuard accumulate();
+  bool sync_gradients() const { return shared_->gradient_state.sync_gradients; }
+  const GradientState& gradient_state() const { return shared_->gradient_state; }
+  GradientState& gradient_state() { return shared_->gradient_state; }
+
+  /// Unscales the gradients of the prepared optimizers (once per step), then
+  /// clips as torch::nn::utils does. Returns the total norm before clipping.
+  double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                         double norm_type = 2.0);
+  void clip_grad_value_(const std::vector<at::Tensor>& parameters, double clip_value);
+  /// Unscales now (fp16), e.g. to inspect gradients; a no-op otherwise.
+  void unscale_gradients();
+
+  /// Autocast as the accelerator is configured (a no-op guard for "no").
+  [[nodiscard]] amp::Autocast autocast() const;
+
+  /// Whether the last optimizer step was skipped for an inf/NaN gradient.
+  bool optimizer_step_was_skipped() const;
+  /// The GradScaler, or null unless mixed_precision is "fp16".
+  amp::GradScaler* scaler() const { return shared_->scaler.get(); }
+
+  const std::string& mixed_precision() const { return shared_->options.mixed_precision; }
+  int64_t gradient_accumulation_steps() const {
+    return shared_->options.gradient_accumulation_steps;
+  }
+  c10::Device device() const { return shared_->device; }
+  int64_t num_processes() const { return 1; }
+  int64_t process_index() const { return 0; }
+  bool is_main_process() const { return process_index() == 0; }
+  bool is_local_main_process() const { return is_main_process(); }
+  /// Prints on the main process only.
+  template <typename... Args>
+  void print(const Args&... args) const {
+    if (!is_main_process()) return;
+    std::ostringstream line;
+    (line << ... << args);
+    print_line(line.str());
+  }
+  void wait_for_everyone() const {}
+
+  /// Gathers `tensor` from every process along dim 0.
+  at::Tensor gather(const at::Tensor& tensor) const;
+  /// gather(), less the samples that padded the last batch of the prepared
+  /// data loader to an even split.
+  at::Tensor gather_for_metrics(const at::Tensor& tensor) const;
+  /// Sums ("sum") or averages ("mean") `tensor` over the processes.
+  at::Tensor reduce(const at::Tensor& tensor, const std::string& reduction = "sum") const;
+
+  template <ModuleHandle M>
+  static const M& unwrap_model(const PreparedModel<M>& model) {
+    return model.unwrap();
+  }
+
+ private:
+  void print_line(const std::string& line) const;
+
+  std::shared_ptr<detail::Shared> shared_;
+};
+
+/// Seeds every generator a run uses (LibTorch's CPU and CUDA generators and
+/// std::rand), as accelerate.utils.set_seed does.
+void set_seed(uint64_t seed);
+
+}  // namespace mixprec::accelerate
+
+namespace mixprec {
+using accelerate::Accelerator;
+using accelerate::AcceleratorOptions;
+}  // namespace mixprec

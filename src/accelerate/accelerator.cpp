@@ -1,0 +1,172 @@
+#include "mixprec/accelerate/accelerator.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+#include <torch/cuda.h>
+#include <torch/nn/utils/clip_grad.h>
+#include <torch/utils.h>
+
+#include <cstdio>
+#include <cstdlib>
+
+namespace mixprec::accelerate {
+
+void detail::Shared::unscale(torch::optim::Optimizer& optimizer, OptimizerFlags& flags) {
+  if (!scaler || flags.unscaled) return;
+  scaler->unscale_(optimizer);
+  flags.unscaled = true;
+}
+
+Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<detail::Shared>()) {
+  const std::string& mp = options.mixed_precision;
+  TORCH_CHECK(mp == "no" || mp == "fp16" || mp == "bf16", "Accelerator: unknown mixed_precision '",
+              mp, "'; expected \"no\", \"fp16\" or \"bf16\"");
+  TORCH_CHECK(options.gradient_accumulation_steps >= 1,
+              "Accelerator: gradient_accumulation_steps must be >= 1, got ",
+              options.gradient_accumulation_steps);
+  shared_->device = (!options.cpu && torch::cuda::is_available()) ? c10::Device(c10::kCUDA, 0)
+                                                                  : c10::Device(c10::kCPU);
+  if (mp == "fp16") {
+    shared_->autocast_dtype = c10::kHalf;
+    // fp16 without loss scaling loses small gradients: the scaler is always on.
+    auto scaler_options = options.scaler;
+    scaler_options.enabled = true;
+    shared_->scaler = std::make_unique<amp::GradScaler>(scaler_options);
+  } else if (mp == "bf16") {
+    shared_->autocast_dtype = c10::kBFloat16;
+  }
+  shared_->gradient_state.num_steps = options.gradient_accumulation_steps;
+  shared_->options = std::move(options);
+}
+
+AcceleratedOptimizer Accelerator::prepare_one(torch::optim::Optimizer& optimizer) {
+  return AcceleratedOptimizer(optimizer, shared_);
+}
+
+AcceleratedScheduler Accelerator::prepare_one(optim::LRScheduler& scheduler) {
+  return AcceleratedScheduler(scheduler, shared_);
+}
+
+AcceleratedOptimizer::AcceleratedOptimizer(torch::optim::Optimizer& optimizer,
+                                           std::shared_ptr<detail::Shared> shared)
+    : optimizer_(&optimizer),
+      flags_(std::make_shared<detail::OptimizerFlags>()),
+      shared_(std::move(shared)) {
+  shared_->optimizers.emplace_back(optimizer_, flags_);
+}
+
+void AcceleratedOptimizer::step() {
+  if (!shared_->gradient_state.sync_gradients) return;
+  if (shared_->scaler) {
+    flags_->step_was_skipped = !shared_->scaler->step(*optimizer_);
+    shared_->scaler->update();
+  } else {
+    optimizer_->step();
+    flags_->step_was_skipped = false;
+  }
+  flags_->unscaled = false;
+}
+
+void AcceleratedOptimizer::zero_grad(bool set_to_none) {
+  if (shared_->gradient_state.sync_gradients) optimizer_->zero_grad(set_to_none);
+}
+
+AcceleratedScheduler::AcceleratedScheduler(optim::LRScheduler& scheduler,
+                                           std::shared_ptr<detail::Shared> shared)
+    : scheduler_(&scheduler), shared_(std::move(shared)) {}
+
+void AcceleratedScheduler::step() {
+  if (!shared_->options.step_scheduler_with_optimizer) {
+    scheduler_->step();
+    return;
+  }
+  if (!shared_->gradient_state.sync_gradients) return;
+  for (const auto& [optimizer, flags] : shared_->optimizers)
+    if (flags->step_was_skipped) return;
+  // Without split_batches each process saw a whole batch: the schedule, made
+  // for the number of single-process batches, advances once per process.
+  const int64_t steps = shared_->options.split_batches ? 1 : 1 /* num_processes */;
+  for (int64_t i = 0; i < steps; ++i) scheduler_->step();
+}
+
+void Accelerator::backward(const at::Tensor& loss) {
+  at::Tensor scaled = loss / shared_->options.gradient_accumulation_steps;
+  if (shared_->scaler) scaled = shared_->scaler->scale(scaled);
+  scaled.backward();
+}
+
+Accelerator::AccumulateGuard Accelerator::accumulate() {
+  auto& state = shared_->gradient_state;
+  if (state.end_of_dataloader) {
+    shared_->step = 0;
+    state.sync_gradients = true;
+  } else {
+    ++shared_->step;
+    state.sync_gradients = shared_->step % state.num_steps == 0;
+  }
+  return AccumulateGuard();
+}
+
+// Nothing to undo in one process; with data parallel it ends the no-sync scope.
+Accelerator::AccumulateGuard::~AccumulateGuard() = default;
+
+void Accelerator::unscale_gradients() {
+  for (auto& [optimizer, flags] : shared_->optimizers) shared_->unscale(*optimizer, *flags);
+}
+
+double Accelerator::clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
+                                    double norm_type) {
+  TORCH_CHECK(sync_gradients(),
+              "Accelerator::clip_grad_norm_ on a gradient accumulation step: the gradients are "
+              "not complete yet. Clip when accelerator.sync_gradients() is true.");
+  unscale_gradients();
+  return torch::nn::utils::clip_grad_norm_(parameters, max_norm, norm_type);
+}
+
+void Accelerator::clip_grad_value_(const std::vector<at::Tensor>& parameters, double clip_value) {
+  TORCH_CHECK(sync_gradients(),
+              "Accelerator::clip_grad_value_ on a gradient accumulation step: the gradients are "
+              "not complete yet. Clip when accelerator.sync_gradients() is true.");
+  unscale_gradients();
+  torch::nn::utils::clip_grad_value_(parameters, clip_value);
+}
+
+amp::Autocast Accelerator::autocast() const {
+  return amp::Autocast(shared_->device.type(), shared_->autocast_dtype,
+                       /*enabled=*/shared_->autocast_dtype.has_value());
+}
+
+bool Accelerator::optimizer_step_was_skipped() const {
+  for (const auto& [optimizer, flags] : shared_->optimizers)
+    if (flags->step_was_skipped) return true;
+  return false;
+}
+
+void Accelerator::print_line(const std::string& line) const {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+at::Tensor Accelerator::gather(const at::Tensor& tensor) const { return tensor; }
+
+at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) const {
+  const auto& state = shared_->gradient_state;
+  at::Tensor all = gather(tensor);
+  if (state.end_of_dataloader && state.remainder > 0)
+    return all.slice(0, 0, all.size(0) - state.remainder);
+  return all;
+}
+
+at::Tensor Accelerator::reduce(const at::Tensor& tensor, const std::string& reduction) const {
+  TORCH_CHECK(reduction == "sum" || reduction == "mean", "Accelerator::reduce: unknown reduction '",
+              reduction, "'; expected \"sum\" or \"mean\"");
+  return tensor.clone();
+}
+
+void set_seed(uint64_t seed) {
+  torch::manual_seed(seed);  // CPU and every CUDA device
+  std::srand(static_cast<unsigned>(seed));
+}
+
+}  // namespace mixprec::accelerate

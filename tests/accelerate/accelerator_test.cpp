@@ -1,0 +1,208 @@
+#include "mixprec/accelerate/accelerator.h"
+
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <limits>
+
+namespace {
+
+using mixprec::Accelerator;
+
+// Records the dtype its linear layer computed in.
+struct ProbeImpl : torch::nn::Module {
+  ProbeImpl() : fc(register_module("fc", torch::nn::Linear(4, 3))) {}
+  torch::Tensor forward(const torch::Tensor& x) {
+    auto y = fc(x);
+    seen = y.scalar_type();
+    return y;
+  }
+  mixprec::models::ModelOutput forward(const torch::Tensor& x, const torch::Tensor& labels) {
+    auto logits = forward(x);
+    return {torch::nn::functional::cross_entropy(logits, labels), logits};
+  }
+  torch::nn::Linear fc;
+  at::ScalarType seen = at::kFloat;
+};
+TORCH_MODULE(Probe);
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "";
+}
+
+TEST(Accelerator, PreparedModelRunsUnderAutocastAndReturnsFp32) {
+  for (const auto& [precision, dtype] :
+       {std::pair{"no", at::kFloat}, {"bf16", at::kBFloat16}, {"fp16", at::kHalf}}) {
+    Accelerator accelerator({.mixed_precision = precision});
+    Probe probe;
+    auto model = accelerator.prepare(probe);
+    auto out = model(torch::randn({2, 4}));
+    EXPECT_EQ(probe->seen, dtype) << precision;
+    EXPECT_EQ(out.scalar_type(), at::kFloat) << precision;
+    auto output = model(torch::randn({2, 4}), torch::tensor({0, 2}));
+    EXPECT_EQ(output.logits.scalar_type(), at::kFloat) << precision;
+    EXPECT_EQ(output.loss.scalar_type(), at::kFloat) << precision;
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));  // restored after forward
+    EXPECT_EQ(accelerator.unwrap_model(model).get(), probe.get());
+  }
+}
+
+TEST(Accelerator, AutocastGuardFollowsMixedPrecision) {
+  Accelerator bf16({.mixed_precision = "bf16"});
+  {
+    auto guard = bf16.autocast();
+    EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCPU));
+    EXPECT_EQ(torch::mm(torch::randn({2, 2}), torch::randn({2, 2})).scalar_type(), at::kBFloat16);
+  }
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  Accelerator none;
+  auto guard = none.autocast();
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+}
+
+TEST(Accelerator, AccumulateSyncsEveryNStepsAndAtTheEndOfTheData) {
+  Accelerator accelerator({.gradient_accumulation_steps = 3});
+  std::vector<bool> syncs;
+  for (int i = 0; i < 7; ++i) {
+    if (i == 4) accelerator.gradient_state().end_of_dataloader = true;
+    auto guard = accelerator.accumulate();
+    syncs.push_back(accelerator.sync_gradients());
+    accelerator.gradient_state().end_of_dataloader = false;
+  }
+  // Steps 1, 2 accumulate, 3 syncs; 4 accumulates, 5 ends the data and syncs
+  // (the window restarts); 6 and 7 accumulate.
+  EXPECT_EQ(syncs, (std::vector<bool>{false, false, true, false, true, false, false}));
+}
+
+TEST(Accelerator, AccumulatedGradientsEqualOneBigBatch) {
+  torch::manual_seed(0);
+  auto x = torch::randn({8, 4});
+  auto y = torch::randint(0, 3, {8});
+  Probe big, small;
+  small->fc->weight.data().copy_(big->fc->weight.data());
+  small->fc->bias.data().copy_(big->fc->bias.data());
+  torch::nn::functional::cross_entropy(big->forward(x), y).backward();
+
+  Accelerator accelerator({.gradient_accumulation_steps = 2});
+  torch::optim::SGD sgd(small->parameters(), 0.0);
+  auto [model, optimizer] = accelerator.prepare(small, sgd);
+  for (int half = 0; half < 2; ++half) {
+    auto guard = accelerator.accumulate();
+    accelerator.backward(torch::nn::functional::cross_entropy(
+        model(x.slice(0, 4 * half, 4 * half + 4)), y.slice(0, 4 * half, 4 * half + 4)));
+    optimizer.step();
+    if (half == 0) {
+      optimizer.zero_grad();  // an accumulation step: keeps the gradients
+      EXPECT_TRUE(small->fc->weight.grad().defined());
+    }
+  }
+  EXPECT_TRUE(torch::allclose(small->fc->weight.grad(), big->fc->weight.grad(), 1e-6, 1e-7));
+  optimizer.zero_grad();
+  EXPECT_FALSE(small->fc->weight.grad().defined());
+}
+
+TEST(Accelerator, Fp16SkipsTheStepAndHoldsTheSchedulerOnInf) {
+  Accelerator accelerator({.mixed_precision = "fp16", .scaler = {.init_scale = 256.0}});
+  ASSERT_NE(accelerator.scaler(), nullptr);
+  Probe probe;
+  torch::optim::SGD sgd(probe->parameters(), 0.1);
+  auto linear = mixprec::optim::get_scheduler("linear", sgd, {.num_training_steps = 10});
+  auto [model, optimizer, scheduler] = accelerator.prepare(probe, sgd, linear);
+  auto before = probe->fc->weight.detach().clone();
+  auto loss = model(torch::randn({2, 4}), torch::tensor({0, 1})).loss;
+  accelerator.backward(loss * std::numeric_limits<float>::infinity());
+  optimizer.step();
+  scheduler.step();
+  EXPECT_TRUE(accelerator.optimizer_step_was_skipped());
+  EXPECT_TRUE(optimizer.step_was_skipped());
+  EXPECT_TRUE(torch::equal(probe->fc->weight.detach(), before));
+  EXPECT_EQ(scheduler.get_last_lr()[0], 0.1);  // still at step 0
+  EXPECT_EQ(accelerator.scaler()->get_scale(), 128.0);
+  optimizer.zero_grad();
+
+  accelerator.backward(model(torch::randn({2, 4}), torch::tensor({0, 1})).loss);
+  optimizer.step();
+  scheduler.step();
+  EXPECT_FALSE(accelerator.optimizer_step_was_skipped());
+  EXPECT_FALSE(torch::equal(probe->fc->weight.detach(), before));
+  EXPECT_DOUBLE_EQ(scheduler.get_last_lr()[0], 0.09);
+}
+
+TEST(Accelerator, ClippingUnscalesOncePerStep) {
+  Accelerator accelerator({.mixed_precision = "fp16", .scaler = {.init_scale = 1024.0}});
+  Probe probe;
+  torch::optim::SGD sgd(probe->parameters(), 0.1);
+  auto [model, optimizer] = accelerator.prepare(probe, sgd);
+  for (int step = 0; step < 2; ++step) {
+    accelerator.backward(model(torch::randn({2, 4}), torch::tensor({0, 1})).loss);
+    const double scaled_norm = probe->fc->weight.grad().norm().item<double>();
+    const double norm = accelerator.clip_grad_norm_(probe->parameters(), 1e9);
+    // A second clip in the same step must not unscale (nor error) again.
+    EXPECT_EQ(accelerator.clip_grad_norm_(probe->parameters(), 1e9), norm);
+    EXPECT_NEAR(probe->fc->weight.grad().norm().item<double>(), scaled_norm / 1024.0,
+                1e-6 * scaled_norm);
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+}
+
+TEST(Accelerator, ClippingOnAnAccumulationStepIsAnError) {
+  Accelerator accelerator({.gradient_accumulation_steps = 2});
+  Probe probe;
+  auto guard = accelerator.accumulate();
+  EXPECT_NE(error_of([&] {
+              accelerator.clip_grad_norm_(probe->parameters(), 1.0);
+            }).find("gradient accumulation step"),
+            std::string::npos);
+}
+
+TEST(Accelerator, BadOptionsAreClearErrors) {
+  EXPECT_NE(error_of([] {
+              Accelerator({.mixed_precision = "fp8"});
+            }).find("unknown mixed_precision 'fp8'; expected \"no\", \"fp16\" or \"bf16\""),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              Accelerator({.gradient_accumulation_steps = 0});
+            }).find("gradient_accumulation_steps must be >= 1, got 0"),
+            std::string::npos);
+  Accelerator accelerator;
+  EXPECT_NE(error_of([&] {
+              accelerator.reduce(torch::ones({1}), "max");
+            }).find("unknown reduction 'max'"),
+            std::string::npos);
+}
+
+TEST(Accelerator, GatherForMetricsDropsThePaddingOfTheLastBatch) {
+  Accelerator accelerator;
+  auto predictions = torch::arange(8);
+  EXPECT_TRUE(torch::equal(accelerator.gather_for_metrics(predictions), predictions));
+  accelerator.gradient_state().end_of_dataloader = true;
+  accelerator.gradient_state().remainder = 3;
+  EXPECT_TRUE(torch::equal(accelerator.gather_for_metrics(predictions), torch::arange(5)));
+  EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "mean"), predictions));
+}
+
+TEST(Accelerator, ProcessInfoAndPrint) {
+  Accelerator accelerator;
+  EXPECT_EQ(accelerator.num_processes(), 1);
+  EXPECT_TRUE(accelerator.is_main_process());
+  EXPECT_EQ(accelerator.device(), c10::Device(c10::kCPU));
+  testing::internal::CaptureStdout();
+  accelerator.print("step ", 3, " loss ", 0.5);
+  EXPECT_EQ(testing::internal::GetCapturedStdout(), "step 3 loss 0.5\n");
+}
+
+TEST(Accelerator, SetSeedReproduces) {
+  mixprec::accelerate::set_seed(7);
+  auto a = torch::randn({3});
+  mixprec::accelerate::set_seed(7);
+  EXPECT_TRUE(torch::equal(a, torch::randn({3})));
+}
+
+}  // namespace
