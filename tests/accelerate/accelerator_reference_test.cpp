@@ -12,6 +12,8 @@
 #include "mixprec/optim/adamw.h"
 #include "mixprec/optim/lr_scheduler.h"
 
+#include "reference_data.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -25,12 +27,7 @@ namespace {
 using json = nlohmann::json;
 
 const json& traces() {
-  static const json data = [] {
-    const std::string path = std::string(MIXPREC_REFERENCE_DIR) + "/accelerate_traces.json";
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot open " + path);
-    return json::parse(in);
-  }();
+  static const json data = mixprec::testing::load_reference("accelerate_traces.json");
   return data;
 }
 

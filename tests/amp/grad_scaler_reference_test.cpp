@@ -10,6 +10,8 @@
 #include "mixprec/amp/grad_scaler.h"
 #include "mixprec/optim/adamw.h"
 
+#include "reference_data.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -24,12 +26,7 @@ using mixprec::amp::GradScaler;
 using mixprec::amp::GradScalerOptions;
 
 const json& traces() {
-  static const json data = [] {
-    const std::string path = std::string(MIXPREC_REFERENCE_DIR) + "/grad_scaler_traces.json";
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot open " + path);
-    return json::parse(in);
-  }();
+  static const json data = mixprec::testing::load_reference("grad_scaler_traces.json");
   return data;
 }
 

@@ -3,6 +3,8 @@
 // must agree to a few ulps (rtol 1e-12).
 #include "mixprec/optim/lr_scheduler.h"
 
+#include "reference_data.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -15,12 +17,7 @@ using json = nlohmann::json;
 using mixprec::optim::get_scheduler;
 using mixprec::optim::SchedulerOptions;
 
-json reference() {
-  const std::string path = std::string(MIXPREC_REFERENCE_DIR) + "/lr_schedules.json";
-  std::ifstream in(path);
-  if (!in) throw std::runtime_error("cannot open " + path);
-  return json::parse(in)["cases"];
-}
+json reference() { return mixprec::testing::load_reference("lr_schedules.json")["cases"]; }
 
 // Two param groups with their own lr, as the reference script makes them.
 struct TwoGroups {
