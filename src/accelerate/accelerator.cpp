@@ -37,7 +37,20 @@ Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<
     shared_->autocast_dtype = c10::kBFloat16;
   }
   shared_->gradient_state.num_steps = options.gradient_accumulation_steps;
+  shared_->group = dist::ProcessGroup::from_environment();
   shared_->options = std::move(options);
+}
+
+std::shared_ptr<dist::GradientReducer> Accelerator::distribute(torch::nn::Module& module) {
+  auto& group = shared_->group;
+  if (!group) return nullptr;
+  at::NoGradGuard no_grad;
+  for (auto& tensor : module.parameters()) group->broadcast_(tensor);
+  for (auto& tensor : module.buffers()) group->broadcast_(tensor);
+  std::vector<at::Tensor> trained;
+  for (const auto& p : module.parameters())
+    if (p.requires_grad()) trained.push_back(p);
+  return std::make_shared<dist::GradientReducer>(std::move(trained), group, shared_->options.ddp);
 }
 
 AcceleratedOptimizer Accelerator::prepare_one(torch::optim::Optimizer& optimizer) {
@@ -86,7 +99,7 @@ void AcceleratedScheduler::step() {
     if (flags->step_was_skipped) return;
   // Without split_batches each process saw a whole batch: the schedule, made
   // for the number of single-process batches, advances once per process.
-  const int64_t steps = shared_->options.split_batches ? 1 : 1 /* num_processes */;
+  const int64_t steps = shared_->options.split_batches ? 1 : shared_->num_processes();
   for (int64_t i = 0; i < steps; ++i) scheduler_->step();
 }
 
@@ -108,7 +121,8 @@ Accelerator::AccumulateGuard Accelerator::accumulate() {
   return AccumulateGuard();
 }
 
-// Nothing to undo in one process; with data parallel it ends the no-sync scope.
+// Nothing to undo: whether a backward all-reduces is decided when the
+// prepared model's forward runs (DDP's require_backward_grad_sync).
 Accelerator::AccumulateGuard::~AccumulateGuard() = default;
 
 void Accelerator::unscale_gradients() {
@@ -148,7 +162,15 @@ void Accelerator::print_line(const std::string& line) const {
   std::fflush(stdout);
 }
 
-at::Tensor Accelerator::gather(const at::Tensor& tensor) const { return tensor; }
+void Accelerator::wait_for_everyone() const {
+  if (shared_->group) shared_->group->barrier();
+}
+
+at::Tensor Accelerator::gather(const at::Tensor& tensor) const {
+  if (!shared_->group) return tensor;
+  // A 0-dim tensor gathers to one value per process, as in Accelerate.
+  return shared_->group->all_gather(tensor.dim() == 0 ? tensor.reshape({1}) : tensor);
+}
 
 at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) const {
   const auto& state = shared_->gradient_state;
@@ -161,7 +183,9 @@ at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) const {
 at::Tensor Accelerator::reduce(const at::Tensor& tensor, const std::string& reduction) const {
   TORCH_CHECK(reduction == "sum" || reduction == "mean", "Accelerator::reduce: unknown reduction '",
               reduction, "'; expected \"sum\" or \"mean\"");
-  return tensor.clone();
+  at::Tensor result = tensor.clone();
+  if (shared_->group) shared_->group->all_reduce_(result);
+  return reduction == "mean" ? result / num_processes() : result;
 }
 
 void set_seed(uint64_t seed) {

@@ -185,7 +185,8 @@ TEST(Accelerator, GatherForMetricsDropsThePaddingOfTheLastBatch) {
   accelerator.gradient_state().end_of_dataloader = true;
   accelerator.gradient_state().remainder = 3;
   EXPECT_TRUE(torch::equal(accelerator.gather_for_metrics(predictions), torch::arange(5)));
-  EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "mean"), predictions));
+  EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "sum"), predictions));
+  EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "mean"), predictions.to(at::kFloat)));
 }
 
 TEST(Accelerator, ProcessInfoAndPrint) {

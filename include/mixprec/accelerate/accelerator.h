@@ -2,10 +2,12 @@
 
 #include "mixprec/amp/autocast.h"
 #include "mixprec/amp/grad_scaler.h"
+#include "mixprec/dist/process_group.h"
 #include "mixprec/models/model_output.h"
 #include "mixprec/optim/lr_scheduler.h"
 
 #include <ATen/core/Tensor.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/core/Device.h>
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
@@ -36,6 +38,9 @@ struct AcceleratorOptions {
   /// false: each process gets batch_size samples, and the scheduler steps
   /// num_processes times per optimizer step, as in Accelerate.
   bool split_batches = false;
+  /// Data parallel (under torchrun): DDP's bucket size and fp16 gradient
+  /// compression.
+  dist::GradientReducerOptions ddp = {};
 };
 
 /// Accelerate's GradientState: whether this micro-step syncs (steps the
@@ -64,7 +69,9 @@ struct Shared {
   GradientState gradient_state;
   int64_t step = 0;  // micro-steps into the accumulation window
   std::vector<std::pair<torch::optim::Optimizer*, std::shared_ptr<OptimizerFlags>>> optimizers;
+  std::shared_ptr<dist::ProcessGroup> group;  // null in a single process
 
+  int64_t num_processes() const { return group ? group->world_size() : 1; }
   void unscale(torch::optim::Optimizer& optimizer, OptimizerFlags& flags);
 };
 
@@ -101,15 +108,20 @@ concept ModuleHandle = requires(M m) {
 
 /// A model prepared by an Accelerator: calling it runs `forward` under the
 /// accelerator's autocast and returns the outputs in fp32 (Accelerate's
-/// `convert_outputs_to_fp32`); `->` reaches the module itself.
+/// `convert_outputs_to_fp32`); `->` reaches the module itself. In data
+/// parallel, a forward with gradients on a sync step arms the gradient
+/// all-reduce of the backward that follows, as DDP's forward does.
 template <ModuleHandle M>
 class PreparedModel {
  public:
-  PreparedModel(M module, std::shared_ptr<detail::Shared> shared)
-      : module_(std::move(module)), shared_(std::move(shared)) {}
+  PreparedModel(M module, std::shared_ptr<detail::Shared> shared,
+                std::shared_ptr<dist::GradientReducer> reducer)
+      : module_(std::move(module)), shared_(std::move(shared)), reducer_(std::move(reducer)) {}
 
   template <typename... Args>
   auto operator()(Args&&... args) {
+    if (reducer_ && at::GradMode::is_enabled() && shared_->gradient_state.sync_gradients)
+      reducer_->prepare_for_backward();
     std::optional<amp::Autocast> autocast;
     if (shared_->autocast_dtype) autocast.emplace(shared_->device.type(), *shared_->autocast_dtype);
     return detail::to_fp32(module_->forward(std::forward<Args>(args)...));
@@ -121,6 +133,7 @@ class PreparedModel {
  private:
   M module_;
   std::shared_ptr<detail::Shared> shared_;
+  std::shared_ptr<dist::GradientReducer> reducer_;
 };
 
 /// An optimizer prepared by an Accelerator: `step()` and `zero_grad()` act on
@@ -187,7 +200,8 @@ class Accelerator {
   template <ModuleHandle M>
   PreparedModel<M> prepare_one(M model) {
     model->to(shared_->device);
-    return PreparedModel<M>(std::move(model), shared_);
+    auto reducer = distribute(*model);
+    return PreparedModel<M>(std::move(model), shared_, std::move(reducer));
   }
   AcceleratedOptimizer prepare_one(torch::optim::Optimizer& optimizer);
   AcceleratedScheduler prepare_one(optim::LRScheduler& scheduler);
@@ -235,10 +249,11 @@ class Accelerator {
     return shared_->options.gradient_accumulation_steps;
   }
   c10::Device device() const { return shared_->device; }
-  int64_t num_processes() const { return 1; }
-  int64_t process_index() const { return 0; }
+  int64_t num_processes() const { return shared_->num_processes(); }
+  int64_t process_index() const { return shared_->group ? shared_->group->rank() : 0; }
+  int64_t local_process_index() const { return shared_->group ? shared_->group->local_rank() : 0; }
   bool is_main_process() const { return process_index() == 0; }
-  bool is_local_main_process() const { return is_main_process(); }
+  bool is_local_main_process() const { return local_process_index() == 0; }
   /// Prints on the main process only.
   template <typename... Args>
   void print(const Args&... args) const {
@@ -247,7 +262,8 @@ class Accelerator {
     (line << ... << args);
     print_line(line.str());
   }
-  void wait_for_everyone() const {}
+  /// A barrier across the processes.
+  void wait_for_everyone() const;
 
   /// Gathers `tensor` from every process along dim 0.
   at::Tensor gather(const at::Tensor& tensor) const;
@@ -263,6 +279,9 @@ class Accelerator {
   }
 
  private:
+  // Data parallel: makes every rank start from rank 0's parameters and
+  // buffers, and returns the module's gradient reducer (null in one process).
+  std::shared_ptr<dist::GradientReducer> distribute(torch::nn::Module& module);
   void print_line(const std::string& line) const;
 
   std::shared_ptr<detail::Shared> shared_;

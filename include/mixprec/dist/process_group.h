@@ -1,0 +1,82 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mixprec::dist {
+
+/// What `torchrun` tells each process it starts (RANK, WORLD_SIZE,
+/// LOCAL_RANK, MASTER_ADDR, MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE).
+struct LaunchEnv {
+  int64_t rank = 0;
+  int64_t world_size = 1;
+  int64_t local_rank = 0;
+  std::string master_addr = "127.0.0.1";
+  int master_port = 29500;
+  /// torchrun's agent already serves the store: every rank connects as a client.
+  bool agent_store = false;
+};
+
+/// torchrun's environment, or nullopt when WORLD_SIZE is unset (one process,
+/// no launcher). A malformed variable is an error that names it.
+std::optional<LaunchEnv> launch_env();
+
+/// The process group of a data-parallel run, on c10d (Gloo on CPU), as
+/// `torch.distributed.init_process_group` makes it.
+class ProcessGroup {
+ public:
+  explicit ProcessGroup(const LaunchEnv& env);
+  ~ProcessGroup();
+
+  /// The process-wide group from torchrun's environment, made on first use;
+  /// null in a single process.
+  static std::shared_ptr<ProcessGroup> from_environment();
+
+  int64_t rank() const { return env_.rank; }
+  int64_t world_size() const { return env_.world_size; }
+  int64_t local_rank() const { return env_.local_rank; }
+
+  enum class ReduceOp { kSum, kMax };
+  void all_reduce_(at::Tensor& tensor, ReduceOp op = ReduceOp::kSum);
+  /// Every rank's `tensor` (all of one shape), concatenated along dim 0 in rank order.
+  at::Tensor all_gather(const at::Tensor& tensor);
+  void broadcast_(at::Tensor& tensor, int64_t root = 0);
+  void barrier();
+
+ private:
+  friend class GradientReducer;
+  struct Impl;  // c10d's group: its headers need gloo's, which users need not have
+  LaunchEnv env_;
+  std::unique_ptr<Impl> impl_;
+};
+
+/// Options of `GradientReducer`, with DDP's defaults.
+struct GradientReducerOptions {
+  int64_t bucket_cap_mb = 25;
+  /// Send gradients as fp16 (DDP's FP16_COMPRESS comm hook).
+  bool fp16_compress = false;
+};
+
+/// Python DDP's engine, c10d's `Reducer`, on a module's parameters: gradients
+/// are bucketed and all-reduced (averaged) as backward produces them,
+/// overlapping the rest of backward. A backward all-reduces only when
+/// `prepare_for_backward()` was called before it; otherwise gradients
+/// accumulate locally (DDP's no_sync).
+class GradientReducer {
+ public:
+  GradientReducer(std::vector<at::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
+                  GradientReducerOptions options = {});
+  ~GradientReducer();
+  void prepare_for_backward();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace mixprec::dist

@@ -1,0 +1,154 @@
+#include "mixprec/dist/process_group.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+#include <torch/csrc/distributed/c10d/default_comm_hooks.hpp>
+#include <torch/csrc/distributed/c10d/reducer.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <mutex>
+
+namespace mixprec::dist {
+
+namespace {
+
+int64_t int_from_env(const char* name, int64_t fallback) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return fallback;
+  char* end = nullptr;
+  const long long parsed = std::strtoll(value, &end, 10);
+  TORCH_CHECK(end != value && *end == '\0', "environment variable ", name,
+              ": expected an integer, got '", value, "'");
+  return parsed;
+}
+
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.rfind("127.", 0) == 0;
+}
+
+}  // namespace
+
+std::optional<LaunchEnv> launch_env() {
+  if (std::getenv("WORLD_SIZE") == nullptr) return std::nullopt;
+  LaunchEnv env;
+  env.world_size = int_from_env("WORLD_SIZE", 1);
+  env.rank = int_from_env("RANK", 0);
+  env.local_rank = int_from_env("LOCAL_RANK", env.rank);
+  if (const char* addr = std::getenv("MASTER_ADDR")) env.master_addr = addr;
+  env.master_port = static_cast<int>(int_from_env("MASTER_PORT", 29500));
+  const char* agent = std::getenv("TORCHELASTIC_USE_AGENT_STORE");
+  env.agent_store = agent != nullptr && std::string(agent) == "True";
+  TORCH_CHECK(env.world_size >= 1, "WORLD_SIZE must be >= 1, got ", env.world_size);
+  TORCH_CHECK(env.rank >= 0 && env.rank < env.world_size,
+              "RANK must be in [0, WORLD_SIZE = ", env.world_size, "), got ", env.rank);
+  TORCH_CHECK(env.master_port > 0 && env.master_port < 65536,
+              "MASTER_PORT must be a port number, got ", env.master_port);
+  return env;
+}
+
+struct ProcessGroup::Impl {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;
+};
+
+ProcessGroup::ProcessGroup(const LaunchEnv& env) : env_(env), impl_(std::make_unique<Impl>()) {
+  c10d::TCPStoreOptions store_options;
+  store_options.port = static_cast<std::uint16_t>(env.master_port);
+  // Under torchrun the agent serves the store; without it rank 0 does.
+  store_options.isServer = !env.agent_store && env.rank == 0;
+  store_options.numWorkers = env.world_size;
+  store_options.timeout = std::chrono::seconds(120);
+  auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
+  auto prefixed = c10::make_intrusive<c10d::PrefixStore>("mixprec/", store);
+
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
+  // A single-machine run talks over loopback only.
+  gloo_options->devices.push_back(is_loopback(env.master_addr)
+                                      ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")
+                                      : c10d::ProcessGroupGloo::createDefaultDevice());
+  auto gloo = c10::make_intrusive<c10d::ProcessGroupGloo>(
+      prefixed, static_cast<int>(env.rank), static_cast<int>(env.world_size), gloo_options);
+  auto group = c10::make_intrusive<c10d::ProcessGroup>(prefixed, static_cast<int>(env.rank),
+                                                       static_cast<int>(env.world_size));
+  group->setBackend(c10::kCPU, c10d::ProcessGroup::BackendType::GLOO, gloo);
+  group->setDefaultBackend(c10d::ProcessGroup::BackendType::GLOO);
+  impl_->group = std::move(group);
+}
+
+ProcessGroup::~ProcessGroup() = default;
+
+std::shared_ptr<ProcessGroup> ProcessGroup::from_environment() {
+  static std::mutex mutex;
+  static std::shared_ptr<ProcessGroup> group;
+  std::lock_guard<std::mutex> lock(mutex);
+  if (!group) {
+    const auto env = launch_env();
+    if (!env || env->world_size == 1) return nullptr;
+    group = std::make_shared<ProcessGroup>(*env);
+  }
+  return group;
+}
+
+void ProcessGroup::all_reduce_(at::Tensor& tensor, ReduceOp op) {
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::AllreduceOptions options;
+  options.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
+  impl_->group->allreduce(tensors, options)->wait();
+}
+
+at::Tensor ProcessGroup::all_gather(const at::Tensor& tensor) {
+  const at::Tensor input = tensor.contiguous();
+  std::vector<std::vector<at::Tensor>> outputs(1);
+  for (int64_t r = 0; r < world_size(); ++r) outputs[0].push_back(at::empty_like(input));
+  std::vector<at::Tensor> inputs{input};
+  impl_->group->allgather(outputs, inputs)->wait();
+  return at::cat(outputs[0], 0);
+}
+
+void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t root) {
+  std::vector<at::Tensor> tensors{tensor};
+  c10d::BroadcastOptions options;
+  options.rootRank = root;
+  impl_->group->broadcast(tensors, options)->wait();
+}
+
+void ProcessGroup::barrier() { impl_->group->barrier()->wait(); }
+
+struct GradientReducer::Impl {
+  std::shared_ptr<ProcessGroup> group;
+  std::unique_ptr<c10d::Reducer> reducer;
+};
+
+GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
+                                 std::shared_ptr<ProcessGroup> group,
+                                 GradientReducerOptions options)
+    : impl_(std::make_unique<Impl>()) {
+  TORCH_CHECK(group, "GradientReducer: no process group");
+  impl_->group = std::move(group);
+  const int64_t cap = options.bucket_cap_mb * 1024 * 1024;
+  const std::vector<bool> sparse(parameters.size(), false);
+  // As DDP: a small first bucket starts communication early in backward.
+  auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
+      parameters, {static_cast<size_t>(c10d::kDefaultFirstBucketBytes), static_cast<size_t>(cap)},
+      sparse);
+  std::unordered_map<size_t, std::string> names;
+  for (size_t i = 0; i < parameters.size(); ++i) names[i] = "param" + std::to_string(i);
+  impl_->reducer = std::make_unique<c10d::Reducer>(
+      std::move(parameters), std::move(buckets), impl_->group->impl_->group, sparse, cap,
+      /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/false, std::move(names),
+      static_cast<int64_t>(c10d::kDefaultFirstBucketBytes),
+      /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
+      std::vector<int64_t>(limits.begin(), limits.end()));
+  if (options.fp16_compress)
+    impl_->reducer->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
+}
+
+GradientReducer::~GradientReducer() = default;
+
+void GradientReducer::prepare_for_backward() { impl_->reducer->prepare_for_backward({}); }
+
+}  // namespace mixprec::dist
