@@ -188,6 +188,22 @@ at::Tensor Accelerator::reduce(const at::Tensor& tensor, const std::string& redu
   return reduction == "mean" ? result / num_processes() : result;
 }
 
+void Accelerator::init_trackers(const std::string& project_name) {
+  if (!is_main_process()) return;
+  trackers_ =
+      log::make_trackers(shared_->options.log_with,
+                         std::filesystem::path(shared_->options.project_dir) / project_name);
+}
+
+void Accelerator::log(const std::map<std::string, double>& values, int64_t step) {
+  for (auto& tracker : trackers_) tracker->log(values, step);
+}
+
+void Accelerator::end_training() {
+  for (auto& tracker : trackers_) tracker->flush();
+  trackers_.clear();
+}
+
 void set_seed(uint64_t seed) {
   torch::manual_seed(seed);  // CPU and every CUDA device
   std::srand(static_cast<unsigned>(seed));

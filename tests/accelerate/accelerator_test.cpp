@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
+#include <fstream>
 #include <limits>
 
 namespace {
@@ -197,6 +199,26 @@ TEST(Accelerator, ProcessInfoAndPrint) {
   testing::internal::CaptureStdout();
   accelerator.print("step ", 3, " loss ", 0.5);
   EXPECT_EQ(testing::internal::GetCapturedStdout(), "step 3 loss 0.5\n");
+}
+
+TEST(Accelerator, LogsToItsTrackers) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("mixprec_acc_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  Accelerator accelerator({.log_with = {"jsonl", "tensorboard"}, .project_dir = dir.string()});
+  accelerator.init_trackers("run1");
+  accelerator.log({{"loss", 0.25}}, 7);
+  accelerator.end_training();
+  std::ifstream in(dir / "run1" / "log.jsonl");
+  std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  EXPECT_NE(line.find("\"loss\":0.25"), std::string::npos) << line;
+  EXPECT_NE(line.find("\"step\":7"), std::string::npos) << line;
+  bool has_events = false;
+  for (const auto& entry : std::filesystem::directory_iterator(dir / "run1"))
+    has_events |= entry.path().filename().string().starts_with("events.out.tfevents.");
+  EXPECT_TRUE(has_events);
+  std::filesystem::remove_all(dir);
 }
 
 TEST(Accelerator, SetSeedReproduces) {

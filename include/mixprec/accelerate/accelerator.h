@@ -3,6 +3,7 @@
 #include "mixprec/amp/autocast.h"
 #include "mixprec/amp/grad_scaler.h"
 #include "mixprec/dist/process_group.h"
+#include "mixprec/log/tracker.h"
 #include "mixprec/models/model_output.h"
 #include "mixprec/optim/lr_scheduler.h"
 
@@ -41,6 +42,10 @@ struct AcceleratorOptions {
   /// Data parallel (under torchrun): DDP's bucket size and fp16 gradient
   /// compression.
   dist::GradientReducerOptions ddp = {};
+  /// Trackers for `log()`: "tensorboard", "jsonl" (Accelerate's log_with).
+  std::vector<std::string> log_with = {};
+  /// Where `init_trackers(name)` puts them: project_dir/name.
+  std::string project_dir = ".";
 };
 
 /// Accelerate's GradientState: whether this micro-step syncs (steps the
@@ -273,6 +278,13 @@ class Accelerator {
   /// Sums ("sum") or averages ("mean") `tensor` over the processes.
   at::Tensor reduce(const at::Tensor& tensor, const std::string& reduction = "sum") const;
 
+  /// Opens the trackers of `log_with` in project_dir/project_name (main process only).
+  void init_trackers(const std::string& project_name);
+  /// Logs scalars to every tracker, at `step` (main process only).
+  void log(const std::map<std::string, double>& values, int64_t step);
+  /// Flushes and closes the trackers.
+  void end_training();
+
   template <ModuleHandle M>
   static const M& unwrap_model(const PreparedModel<M>& model) {
     return model.unwrap();
@@ -285,6 +297,7 @@ class Accelerator {
   void print_line(const std::string& line) const;
 
   std::shared_ptr<detail::Shared> shared_;
+  std::vector<std::unique_ptr<log::Tracker>> trackers_;
 };
 
 /// Seeds every generator a run uses (LibTorch's CPU and CUDA generators and

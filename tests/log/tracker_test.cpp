@@ -1,0 +1,92 @@
+#include "mixprec/log/tracker.h"
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+fs::path fresh_dir(const std::string& name) {
+  auto dir = fs::temp_directory_path() / ("mixprec_" + name + "_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  return dir;
+}
+
+std::string run(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return out;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
+  pclose(pipe);
+  return out;
+}
+
+TEST(Crc32c, KnownValues) {
+  EXPECT_EQ(mixprec::log::crc32c("123456789", 9), 0xe3069283u);  // the standard check value
+  EXPECT_EQ(mixprec::log::crc32c("", 0), 0u);
+}
+
+TEST(JsonlTracker, OneObjectPerLine) {
+  const auto dir = fresh_dir("jsonl");
+  {
+    mixprec::log::JsonlTracker tracker(dir / "log.jsonl");
+    tracker.log({{"loss", 0.5}, {"lr", 1e-3}}, 1);
+    tracker.log({{"loss", std::numeric_limits<double>::infinity()}}, 2);
+  }
+  std::ifstream in(dir / "log.jsonl");
+  std::string line;
+  std::vector<json> lines;
+  while (std::getline(in, line)) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(lines[0]["step"], 1);
+  EXPECT_EQ(lines[0]["loss"], 0.5);
+  EXPECT_EQ(lines[0]["lr"], 1e-3);
+  EXPECT_TRUE(lines[0]["wall_time"].is_number());
+  EXPECT_EQ(lines[1]["loss"], "inf");
+  fs::remove_all(dir);
+}
+
+// The event file must be what TensorBoard itself reads.
+TEST(TensorBoardTracker, TensorBoardReadsTheScalarsBack) {
+  const auto dir = fresh_dir("tensorboard");
+  {
+    mixprec::log::TensorBoardTracker tracker(dir);
+    for (int step = 1; step <= 3; ++step)
+      tracker.log({{"train/loss", 1.0 / step}, {"train/loss_scale", 65536.0 * step}}, step);
+  }
+  const std::string out = run(std::string(MIXPREC_PYTHON) + " " + MIXPREC_REFERENCE_DIR +
+                              "/../read_tensorboard.py " + dir.string());
+  ASSERT_FALSE(out.empty());
+  const json scalars = json::parse(out);
+  ASSERT_EQ(scalars["train/loss"].size(), 3u);
+  for (int step = 1; step <= 3; ++step) {
+    EXPECT_EQ(scalars["train/loss"][step - 1][0], step);
+    EXPECT_FLOAT_EQ(scalars["train/loss"][step - 1][1].get<float>(), 1.0f / step);
+    EXPECT_EQ(scalars["train/loss_scale"][step - 1][1].get<double>(), 65536.0 * step);
+  }
+  fs::remove_all(dir);
+}
+
+TEST(Trackers, MadeByNameWithClearErrors) {
+  const auto dir = fresh_dir("trackers");
+  EXPECT_EQ(mixprec::log::make_trackers({"jsonl", "tensorboard"}, dir).size(), 2u);
+  EXPECT_TRUE(mixprec::log::make_trackers({"none"}, dir).empty());
+  try {
+    mixprec::log::make_trackers({"wandb"}, dir);
+    FAIL();
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("unknown tracker 'wandb'"),
+              std::string::npos);
+  }
+  fs::remove_all(dir);
+}
+
+}  // namespace
