@@ -1,14 +1,15 @@
 #!/usr/bin/env python3
-"""The benchmark driver: runs the level-1 loop in C++ (mixprec) and in Python
-(PyTorch) side by side, interleaved, several times, and prints Markdown tables
-of medians.
+"""The benchmark driver: runs the level-1 loop and the Accelerator loop in C++
+(mixprec) and in Python (PyTorch, HF Accelerate) side by side, interleaved,
+several times, and prints Markdown tables of medians.
 
     python3 bench/run.py [--reps 5] [--steps 300] [--build build] [--json out.json]
 
-Tables: steps/s per precision (fused AdamW; GradScaler for fp16), ratio of
-mixprec to PyTorch, and whether both reach the same final loss; and the
-GradScaler's own cost in fp16, as a share of step time: 1 - (steps/s with the
-scaler) / (steps/s without it), for the fused and the unfused AdamW.
+Tables: steps/s per precision (fused AdamW; GradScaler for fp16) of each loop,
+ratio of mixprec to its Python twin, the Accelerator's overhead over the plain
+loop, and the final losses; and the GradScaler's own cost in fp16, as a share
+of step time: 1 - (steps/s with the scaler) / (steps/s without it), for the
+fused and the unfused AdamW.
 """
 import argparse
 import json
@@ -20,20 +21,23 @@ import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
-# (precision, optimizer, scaler)
+# (loop, precision, optimizer, scaler)
 CONFIGS = [
-    ("fp32", "fused", False),
-    ("bf16", "fused", False),
-    ("fp16", "fused", True),
-    ("fp16", "fused", False),
-    ("fp16", "unfused", True),
-    ("fp16", "unfused", False),
+    ("plain", "fp32", "fused", False),
+    ("plain", "bf16", "fused", False),
+    ("plain", "fp16", "fused", True),
+    ("accelerator", "fp32", "fused", False),
+    ("accelerator", "bf16", "fused", False),
+    ("accelerator", "fp16", "fused", True),
+    ("plain", "fp16", "fused", False),
+    ("plain", "fp16", "unfused", True),
+    ("plain", "fp16", "unfused", False),
 ]
 
 
 def run_one(impl, config, args):
-    precision, optimizer, scaler = config
-    flags = ["--precision", precision, "--optimizer", optimizer, "--steps", str(args.steps),
+    loop, precision, optimizer, scaler = config
+    flags = ["--loop", loop, "--precision", precision, "--optimizer", optimizer, "--steps", str(args.steps),
              "--data", args.data]
     if scaler:
         flags.append("--scaler")
@@ -69,25 +73,30 @@ def main():
         return runs[(impl,) + config][0]["final_loss"]
 
     import torch
-    print(f"Level-1 loop, digits MLP (64-256-256-10, batch 64), {args.steps} timed steps after 30 "
+    print(f"Level-1 loop and Accelerator loop, digits MLP (64-256-256-10, batch 64), {args.steps} timed steps after 30 "
           f"warm-up, median of {args.reps} interleaved runs; {platform.processor() or platform.machine()}, "
           f"torch {torch.__version__}, 2 threads.\n")
-    print("| precision | mixprec steps/s | PyTorch steps/s | mixprec / PyTorch | same final loss |")
-    print("|---|---|---|---|---|")
-    for config in CONFIGS[:3]:
-        m, t = median("mixprec", config), median("pytorch", config)
-        name = config[0] + (" + GradScaler" if config[2] else "")
-        same = "yes" if loss("mixprec", config) == loss("pytorch", config) else (
-            f"{loss('mixprec', config):.6f} vs {loss('pytorch', config):.6f}")
-        print(f"| {name} | {m:.0f} | {t:.0f} | {m / t:.2f}x | {same} |")
+    print("| precision | loop: mixprec | PyTorch | ratio | Accelerator: mixprec | Accelerate | ratio "
+          "| Accelerator overhead (mixprec) | final loss: loop / Accelerator / Accelerate |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for precision, scaler in (("fp32", False), ("bf16", False), ("fp16", True)):
+        plain, acc = ("plain", precision, "fused", scaler), ("accelerator", precision, "fused", scaler)
+        m, t = median("mixprec", plain), median("pytorch", plain)
+        ma, ta = median("mixprec", acc), median("pytorch", acc)
+        name = precision + (" + GradScaler" if scaler else "")
+        # The loop's loss is the same in C++ and Python (checked below), so one column serves.
+        assert loss("mixprec", plain) == loss("pytorch", plain), (plain, runs)
+        losses = f"{loss('mixprec', plain):.6f} / {loss('mixprec', acc):.6f} / {loss('pytorch', acc):.6f}"
+        print(f"| {name} | {m:.0f} | {t:.0f} | {m / t:.2f}x | {ma:.0f} | {ta:.0f} | {ma / ta:.2f}x "
+              f"| {100 * (1 - ma / m):.1f}% | {losses} |")
     print("\nGradScaler cost in fp16 (share of step time):\n")
     print("| AdamW | mixprec | PyTorch |")
     print("|---|---|---|")
     for optimizer in ("fused", "unfused"):
         cells = []
         for impl in ("mixprec", "pytorch"):
-            on = median(impl, ("fp16", optimizer, True))
-            off = median(impl, ("fp16", optimizer, False))
+            on = median(impl, ("plain", "fp16", optimizer, True))
+            off = median(impl, ("plain", "fp16", optimizer, False))
             cells.append(f"{100 * (1 - on / off):.1f}%")
         print(f"| {optimizer} | {cells[0]} | {cells[1]} |")
     if args.json:
