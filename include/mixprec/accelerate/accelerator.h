@@ -131,9 +131,9 @@ class PreparedModel {
     if (shared_->autocast_dtype) autocast.emplace(shared_->device.type(), *shared_->autocast_dtype);
     return detail::to_fp32(module_->forward(std::forward<Args>(args)...));
   }
-  auto operator->() const { return module_.operator->(); }
-  /// The module as the user gave it.
-  const M& unwrap() const { return module_; }
+  auto operator->() { return module_.operator->(); }
+  /// The module as the user gave it (a handle: copies share the module).
+  M unwrap() const { return module_; }
 
  private:
   M module_;
@@ -286,7 +286,7 @@ class Accelerator {
   void end_training();
 
   template <ModuleHandle M>
-  static const M& unwrap_model(const PreparedModel<M>& model) {
+  static M unwrap_model(const PreparedModel<M>& model) {
     return model.unwrap();
   }
 
