@@ -61,19 +61,20 @@ int main(int argc, char** argv) {
     accelerated.zero_grad();
     return loss;
   };
-  if (loop == "plain") step = [&](int64_t i) {
-    auto [x, y] = batch(i);
-    torch::Tensor loss;
-    {
-      mixprec::amp::Autocast guard(torch::kCPU, dtype, autocast);
-      loss = torch::nn::functional::cross_entropy(model(x), y);
-    }
-    scaler.scale(loss).backward();
-    scaler.step(optimizer);
-    scaler.update();
-    optimizer.zero_grad();
-    return loss;
-  };
+  if (loop == "plain")
+    step = [&](int64_t i) {
+      auto [x, y] = batch(i);
+      torch::Tensor loss;
+      {
+        mixprec::amp::Autocast guard(torch::kCPU, dtype, autocast);
+        loss = torch::nn::functional::cross_entropy(model(x), y);
+      }
+      scaler.scale(loss).backward();
+      scaler.step(optimizer);
+      scaler.update();
+      optimizer.zero_grad();
+      return loss;
+    };
   for (int i = 0; i < warmup; ++i) step(i);
   const auto start = std::chrono::steady_clock::now();
   torch::Tensor loss;
