@@ -1,0 +1,101 @@
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mixprec::train {
+
+/// `transformers.TrainingArguments` (5.24): the same names and defaults.
+///
+/// ```
+/// mixprec::TrainingArguments args;
+/// args.output_dir = "results";
+/// args.eval_strategy = "epoch";
+/// args.fp16 = true;
+/// args.validate();
+/// // or: auto args = TrainingArguments::from_file("run.yaml");
+/// //     args = TrainingArguments::parse_args(argc, argv);  // --config run.yaml --fp16
+/// --learning_rate 3e-4
+/// ```
+///
+/// `*_steps` below 1 are a ratio of the total training steps, as in transformers 5.
+struct TrainingArguments {
+  std::string output_dir = "trainer_output";
+  /// Start afresh even if output_dir holds checkpoints (otherwise an error
+  /// suggests resume_from_checkpoint). Gone from transformers 5; kept here.
+  bool overwrite_output_dir = false;
+  std::string eval_strategy = "no";  // "no" | "steps" | "epoch"
+  /// Defaults to logging_steps when eval_strategy is "steps".
+  std::optional<double> eval_steps = std::nullopt;
+  bool fp16 = false;
+  bool bf16 = false;
+  bool fp16_full_eval = false;
+  bool bf16_full_eval = false;
+  int64_t per_device_train_batch_size = 8;
+  int64_t per_device_eval_batch_size = 8;
+  int64_t gradient_accumulation_steps = 1;
+  double learning_rate = 5e-5;
+  double weight_decay = 0.0;
+  double adam_beta1 = 0.9;
+  double adam_beta2 = 0.999;
+  double adam_epsilon = 1e-8;
+  double max_grad_norm = 1.0;
+  double num_train_epochs = 3.0;
+  /// When > 0, the number of optimizer steps, overriding num_train_epochs.
+  int64_t max_steps = -1;
+  std::string lr_scheduler_type = "linear";
+  /// Below 1: a ratio of the training steps (transformers 5 folded warmup_ratio in here).
+  double warmup_steps = 0;
+  std::string logging_strategy = "steps";  // "no" | "steps" | "epoch"
+  double logging_steps = 500;
+  bool logging_first_step = false;
+  std::string save_strategy = "steps";  // "no" | "steps" | "epoch" | "best"
+  double save_steps = 500;
+  std::optional<int64_t> save_total_limit = std::nullopt;
+  bool load_best_model_at_end = false;
+  /// "loss" when load_best_model_at_end is set; "eval_" is prefixed if missing.
+  std::optional<std::string> metric_for_best_model = std::nullopt;
+  /// Defaults to false for metrics named loss, true for the others.
+  std::optional<bool> greater_is_better = std::nullopt;
+  int64_t seed = 42;
+  std::optional<int64_t> data_seed = std::nullopt;
+  int64_t dataloader_num_workers = 0;
+  bool dataloader_drop_last = false;
+  std::string optim = "adamw_torch_fused";        // "adamw_torch" | "adamw_torch_fused" | "sgd"
+  /// "tensorboard", "jsonl", "all" or "none"; validate() leaves the trackers to use.
+  std::vector<std::string> report_to = {"none"};
+  std::optional<std::string> resume_from_checkpoint = std::nullopt;
+  /// Defaults to off when stdout is a terminal, on otherwise.
+  std::optional<bool> disable_tqdm = std::nullopt;
+  bool use_cpu = false;
+  std::optional<std::vector<std::string>> label_names = std::nullopt;
+  std::optional<std::string> run_name = std::nullopt;
+
+  /// Checks the combinations transformers checks in __post_init__ and fills the
+  /// defaults that depend on others; an error says which arguments clash.
+  void validate();
+
+  /// From a JSON object, a `.json` file or a `.yaml`/`.yml` file. An unknown
+  /// key is an error that suggests the closest name; a value of the wrong
+  /// type names the key, the expected type and what was found. Old names
+  /// (evaluation_strategy, warmup_ratio) are accepted.
+  static TrainingArguments from_json(const std::string& json_text);
+  static TrainingArguments from_file(const std::string& path);
+  /// `--config FILE` (optional) then `--name value` overrides; a bool flag
+  /// alone means true. Validates.
+  static TrainingArguments parse_args(const std::vector<std::string>& args);
+  static TrainingArguments parse_args(int argc, const char* const* argv);
+  /// Every argument with its type and default, for --help.
+  static std::string help();
+
+  /// All fields as a JSON object (training_args.json).
+  std::string to_json() const;
+};
+
+}  // namespace mixprec::train
+
+namespace mixprec {
+using train::TrainingArguments;
+}  // namespace mixprec

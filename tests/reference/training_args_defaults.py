@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""The defaults of transformers.TrainingArguments (after __post_init__) for the
+fields mixprec's TrainingArguments has, for tests/train/training_args_test.cpp.
+
+    python3 tests/reference/training_args_defaults.py > tests/reference/data/training_args_defaults.json
+    python3 tests/reference/training_args_defaults.py --check tests/reference/data/training_args_defaults.json
+"""
+import argparse
+import enum
+import json
+import sys
+import tempfile
+
+import transformers
+from transformers import TrainingArguments
+
+FIELDS = """output_dir eval_strategy eval_steps fp16 bf16 fp16_full_eval bf16_full_eval
+per_device_train_batch_size per_device_eval_batch_size gradient_accumulation_steps learning_rate
+weight_decay adam_beta1 adam_beta2 adam_epsilon max_grad_norm num_train_epochs max_steps
+lr_scheduler_type warmup_steps logging_strategy logging_steps logging_first_step save_strategy
+save_steps save_total_limit load_best_model_at_end metric_for_best_model greater_is_better seed
+data_seed dataloader_num_workers dataloader_drop_last optim report_to resume_from_checkpoint
+use_cpu label_names run_name""".split()
+
+
+def plain(v):
+    return v.value if isinstance(v, enum.Enum) else v
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--check")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory():
+        ta = TrainingArguments()
+    out = {"transformers": transformers.__version__,
+           "defaults": {f: plain(getattr(ta, f)) for f in FIELDS}}
+    # report_to is a list after __post_init__
+    if args.check:
+        if json.load(open(args.check))["defaults"] != out["defaults"]:
+            sys.exit(f"{args.check} is stale: regenerate it with {sys.argv[0]} > {args.check}")
+        print(f"{args.check}: up to date")
+    else:
+        json.dump(out, sys.stdout, indent=1)
+        print()
+
+
+if __name__ == "__main__":
+    main()

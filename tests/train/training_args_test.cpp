@@ -1,0 +1,160 @@
+#include "mixprec/train/training_args.h"
+
+#include "reference_data.h"
+
+#include <c10/util/Exception.h>
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+using mixprec::TrainingArguments;
+using json = nlohmann::json;
+
+std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "(no error)";
+}
+
+std::string write_temp(const std::string& name, const std::string& text) {
+  const auto path = std::filesystem::temp_directory_path() / (std::to_string(getpid()) + name);
+  std::ofstream(path) << text;
+  return path.string();
+}
+
+// After validate(), every default equals transformers' after __post_init__.
+TEST(TrainingArguments, DefaultsAreTransformers) {
+  const json reference = mixprec::testing::load_reference("training_args_defaults.json");
+  TrainingArguments args;
+  args.validate();
+  const json ours = json::parse(args.to_json());
+  for (const auto& [key, value] : reference["defaults"].items()) {
+    ASSERT_TRUE(ours.contains(key)) << key;
+    if (value.is_number())
+      EXPECT_DOUBLE_EQ(ours[key].get<double>(), value.get<double>()) << key;
+    else
+      EXPECT_EQ(ours[key], value) << key;
+  }
+}
+
+TEST(TrainingArguments, FromJsonYamlAndTheCommandLine) {
+  const auto from_json = TrainingArguments::from_json(
+      R"({"output_dir": "out", "fp16": true, "learning_rate": 3e-4, "eval_strategy": "epoch",
+          "report_to": ["tensorboard", "jsonl"], "save_total_limit": 2})");
+  EXPECT_EQ(from_json.output_dir, "out");
+  EXPECT_TRUE(from_json.fp16);
+  EXPECT_EQ(from_json.learning_rate, 3e-4);
+  EXPECT_EQ(from_json.report_to, (std::vector<std::string>{"tensorboard", "jsonl"}));
+  EXPECT_EQ(from_json.save_total_limit, 2);
+
+  const auto yaml = write_temp("args.yaml",
+                               "output_dir: results\n"
+                               "bf16: true\n"
+                               "num_train_epochs: 2\n"
+                               "run_name: '123'\n"
+                               "label_names: [labels]\n"
+                               "data_seed: null\n");
+  const auto from_yaml = TrainingArguments::from_file(yaml);
+  EXPECT_TRUE(from_yaml.bf16);
+  EXPECT_EQ(from_yaml.num_train_epochs, 2.0);
+  EXPECT_EQ(from_yaml.run_name, "123");  // quoted: a string, not a number
+  EXPECT_EQ(from_yaml.label_names, (std::vector<std::string>{"labels"}));
+
+  const auto cli = TrainingArguments::parse_args(
+      {"--config", yaml, "--bf16", "false", "--fp16", "--learning_rate", "1e-3", "--report_to",
+       "tensorboard", "jsonl", "--max_steps=50", "--use_cpu"});
+  EXPECT_EQ(cli.output_dir, "results");  // from the file
+  EXPECT_FALSE(cli.bf16);                // overridden
+  EXPECT_TRUE(cli.fp16);
+  EXPECT_TRUE(cli.use_cpu);
+  EXPECT_EQ(cli.learning_rate, 1e-3);
+  EXPECT_EQ(cli.max_steps, 50);
+  EXPECT_EQ(cli.report_to.size(), 2u);
+  std::filesystem::remove(yaml);
+}
+
+TEST(TrainingArguments, OldNamesAreAccepted) {
+  const auto args = TrainingArguments::from_json(
+      R"({"evaluation_strategy": "steps", "eval_steps": 10, "warmup_ratio": 0.1})");
+  EXPECT_EQ(args.eval_strategy, "steps");
+  EXPECT_EQ(args.warmup_steps, 0.1);
+}
+
+TEST(TrainingArguments, DependentDefaults) {
+  TrainingArguments args;
+  args.eval_strategy = "steps";
+  args.logging_steps = 25;
+  args.load_best_model_at_end = true;
+  args.save_strategy = "steps";
+  args.save_steps = 50;
+  args.validate();
+  EXPECT_EQ(args.eval_steps, 25.0);
+  EXPECT_EQ(args.metric_for_best_model, "loss");
+  EXPECT_EQ(args.greater_is_better, false);
+  TrainingArguments accuracy;
+  accuracy.metric_for_best_model = "accuracy";
+  accuracy.validate();
+  EXPECT_EQ(accuracy.greater_is_better, true);
+}
+
+TEST(TrainingArguments, ClearErrors) {
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"learnig_rate": 0.1})"); }),
+            "TrainingArguments: unknown argument 'learnig_rate'; did you mean 'learning_rate'?");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"fp16": "yes"})"); }),
+            "TrainingArguments: 'fp16' expects a boolean, got \"yes\" (string)");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"seed": 1.5})"); }),
+            "TrainingArguments: 'seed' expects an integer, got 1.5 (number)");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"fp16": true, "bf16": true})"); }),
+            "At most one of fp16 and bf16 can be True, but not both");
+  EXPECT_NE(error_of([] {
+              TrainingArguments::from_json(
+                  R"({"load_best_model_at_end": true, "eval_strategy": "epoch"})");
+            }).find("requires the save and eval strategy to match"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              TrainingArguments::from_json(R"({"load_best_model_at_end": true,
+                  "eval_strategy": "steps", "eval_steps": 30, "save_steps": 50})");
+            }).find("not a round multiple of 30"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              TrainingArguments::from_json(R"({"eval_strategy": "sometimes"})");
+            }).find("eval_strategy 'sometimes' is not one of"),
+            std::string::npos);
+  EXPECT_NE(error_of([] { TrainingArguments::from_json("{\"fp16\": tru"); }).find("malformed JSON"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              TrainingArguments::parse_args({"--lerning_rate", "1"});
+            }).find("did you mean 'learning_rate'"),
+            std::string::npos);
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::parse_args({"--learning_rate", "fast"});
+            }),
+            "TrainingArguments: 'learning_rate' expects a number, got \"fast\" (string)");
+  const auto bad_yaml = write_temp("bad.yaml", "fp16: [true\n");
+  EXPECT_NE(error_of([&] { TrainingArguments::from_file(bad_yaml); }).find("malformed YAML"),
+            std::string::npos);
+  std::filesystem::remove(bad_yaml);
+  EXPECT_NE(error_of([] {
+              TrainingArguments::from_file("/nonexistent/args.json");
+            }).find("cannot open '/nonexistent/args.json'"),
+            std::string::npos);
+}
+
+TEST(TrainingArguments, JsonRoundTripAndHelp) {
+  auto args = TrainingArguments::from_json(R"({"fp16": true, "save_total_limit": 3})");
+  const auto again = TrainingArguments::from_json(args.to_json());
+  EXPECT_EQ(again.to_json(), args.to_json());
+  const std::string help = TrainingArguments::help();
+  EXPECT_NE(help.find("--learning_rate  a number (default: 5e-05)"), std::string::npos) << help;
+  EXPECT_NE(help.find("--save_total_limit  an integer or null (default: null)"), std::string::npos);
+}
+
+}  // namespace
