@@ -12,7 +12,7 @@
 #include "mixprec/optim/adamw.h"
 #include "mixprec/optim/lr_scheduler.h"
 
-#include "reference_data.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

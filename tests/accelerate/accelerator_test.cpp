@@ -1,6 +1,8 @@
 #include "mixprec/accelerate/accelerator.h"
 
 #include <ATen/autocast_mode.h>
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -9,6 +11,8 @@
 #include <limits>
 
 namespace {
+
+using mixprec::testing::error_of;
 
 using mixprec::Accelerator;
 
@@ -28,15 +32,6 @@ struct ProbeImpl : torch::nn::Module {
   at::ScalarType seen = at::kFloat;
 };
 TORCH_MODULE(Probe);
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "";
-}
 
 TEST(Accelerator, PreparedModelRunsUnderAutocastAndReturnsFp32) {
   for (const auto& [precision, dtype] :

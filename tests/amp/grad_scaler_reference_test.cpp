@@ -10,7 +10,7 @@
 #include "mixprec/amp/grad_scaler.h"
 #include "mixprec/optim/adamw.h"
 
-#include "reference_data.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -2,12 +2,16 @@
 
 #include "mixprec/optim/adamw.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <limits>
 
 namespace {
+
+using mixprec::testing::error_of;
 
 using mixprec::amp::GradScaler;
 using mixprec::amp::GradScalerOptions;
@@ -22,16 +26,6 @@ struct Toy {
     scaler.scale((w * grad_value).sum()).backward();
   }
 };
-
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
 
 bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;

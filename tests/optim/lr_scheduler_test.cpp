@@ -3,7 +3,7 @@
 // must agree to a few ulps (rtol 1e-12).
 #include "mixprec/optim/lr_scheduler.h"
 
-#include "reference_data.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>

@@ -12,10 +12,7 @@ update on sync steps, and a scheduler that does not advance on a skipped step.
     python3 tests/reference/accelerate_traces.py > tests/reference/data/accelerate_traces.json
     python3 tests/reference/accelerate_traces.py --check tests/reference/data/accelerate_traces.json
 """
-import argparse
-import json
 import math
-import sys
 
 import accelerate
 import torch
@@ -23,6 +20,8 @@ import torch.nn.functional as F
 from accelerate import Accelerator
 from accelerate.state import AcceleratorState, GradientState
 from transformers import get_scheduler
+
+from common import emit_or_check
 
 N, BATCH, FEATURES, HIDDEN, CLASSES = 64, 8, 16, 32, 4
 MICRO_STEPS = 16
@@ -116,22 +115,11 @@ def run(case):
                 syncs=syncs, lrs=lrs, skipped=skipped, grad_norms=norms, params=params)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--check", help="compare with this file instead of printing")
-    args = p.parse_args()
+def compute():
     torch.set_num_threads(1)
-    out = {"torch": torch.__version__, "accelerate": accelerate.__version__,
-           "cases": [run(c) for c in CASES]}
-    if args.check:
-        stored = json.load(open(args.check))
-        if json.loads(json.dumps(out)) != stored:
-            sys.exit(f"{args.check} is stale: regenerate it with {sys.argv[0]} > {args.check}")
-        print(f"{args.check}: up to date ({len(CASES)} cases)")
-    else:
-        json.dump(out, sys.stdout)
-        print()
+    return {"torch": torch.__version__, "accelerate": accelerate.__version__,
+            "cases": [run(c) for c in CASES]}
 
 
 if __name__ == "__main__":
-    main()
+    emit_or_check(compute)

@@ -12,12 +12,12 @@ the same initial tensors and data.
     python3 tests/reference/grad_scaler_traces.py > tests/reference/data/grad_scaler_traces.json
     python3 tests/reference/grad_scaler_traces.py --check tests/reference/data/grad_scaler_traces.json
 """
-import argparse
 import json
 import math
 import sys
 
 import torch
+from common import emit_or_check
 
 SHAPES = {"w1": (16, 8), "b1": (16,), "w2": (4, 16), "b2": (4,)}
 BATCH = 8
@@ -130,25 +130,11 @@ def run(scenario, seed):
     }
 
 
-def main():
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--check", help="compare with this file instead of printing")
-    args = parser.parse_args()
+def compute():
     torch.set_num_threads(1)
-    out = {"torch": torch.__version__.split("+")[0], "shapes": SHAPES, "batch": BATCH,
-           "scenarios": [run(s, seed) for seed, s in enumerate(SCENARIOS)]}
-    text = json.dumps(out, indent=1, sort_keys=True) + "\n"
-    if not args.check:
-        sys.stdout.write(text)
-        return 0
-    with open(args.check) as f:
-        stored = f.read()
-    if stored != text:
-        print(f"{args.check} is stale: regenerate it with {sys.argv[0]} > {args.check}")
-        return 1
-    print(f"{args.check} matches torch {torch.__version__}")
-    return 0
+    return {"torch": torch.__version__.split("+")[0], "shapes": SHAPES, "batch": BATCH,
+            "scenarios": [run(s, seed) for seed, s in enumerate(SCENARIOS)]}
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    emit_or_check(compute)

@@ -5,13 +5,11 @@ tests/optim/lr_scheduler_test.cpp.
     python3 tests/reference/lr_schedules.py > tests/reference/data/lr_schedules.json
     python3 tests/reference/lr_schedules.py --check tests/reference/data/lr_schedules.json
 """
-import argparse
-import json
-import sys
-
 import torch
 import transformers
 from transformers import get_scheduler
+
+from common import emit_or_check
 
 STEPS = 40  # past num_training_steps, to cover what comes after the schedule ends
 
@@ -41,20 +39,6 @@ def trace(case):
     return dict(case, lrs=lrs)
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--check", help="compare with this file instead of printing")
-    args = p.parse_args()
-    out = {"transformers": transformers.__version__, "cases": [trace(c) for c in CASES]}
-    if args.check:
-        stored = json.load(open(args.check))
-        if stored["cases"] != out["cases"]:
-            sys.exit(f"{args.check} is stale: regenerate it with {sys.argv[0]} > {args.check}")
-        print(f"{args.check}: up to date ({len(out['cases'])} schedules)")
-    else:
-        json.dump(out, sys.stdout, indent=1)
-        print()
-
-
 if __name__ == "__main__":
-    main()
+    emit_or_check(lambda: {"transformers": transformers.__version__,
+                           "cases": [trace(c) for c in CASES]})

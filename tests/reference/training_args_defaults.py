@@ -5,14 +5,13 @@ fields mixprec's TrainingArguments has, for tests/train/training_args_test.cpp.
     python3 tests/reference/training_args_defaults.py > tests/reference/data/training_args_defaults.json
     python3 tests/reference/training_args_defaults.py --check tests/reference/data/training_args_defaults.json
 """
-import argparse
 import enum
-import json
-import sys
 import tempfile
 
 import transformers
 from transformers import TrainingArguments
+
+from common import emit_or_check
 
 FIELDS = """output_dir eval_strategy eval_steps fp16 bf16 fp16_full_eval bf16_full_eval
 per_device_train_batch_size per_device_eval_batch_size gradient_accumulation_steps learning_rate
@@ -27,23 +26,12 @@ def plain(v):
     return v.value if isinstance(v, enum.Enum) else v
 
 
-def main():
-    p = argparse.ArgumentParser()
-    p.add_argument("--check")
-    args = p.parse_args()
+def compute():
     with tempfile.TemporaryDirectory():
         ta = TrainingArguments()
-    out = {"transformers": transformers.__version__,
-           "defaults": {f: plain(getattr(ta, f)) for f in FIELDS}}
-    # report_to is a list after __post_init__
-    if args.check:
-        if json.load(open(args.check))["defaults"] != out["defaults"]:
-            sys.exit(f"{args.check} is stale: regenerate it with {sys.argv[0]} > {args.check}")
-        print(f"{args.check}: up to date")
-    else:
-        json.dump(out, sys.stdout, indent=1)
-        print()
+    return {"transformers": transformers.__version__,
+            "defaults": {f: plain(getattr(ta, f)) for f in FIELDS}}
 
 
 if __name__ == "__main__":
-    main()
+    emit_or_check(compute)

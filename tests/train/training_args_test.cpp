@@ -1,6 +1,6 @@
 #include "mixprec/train/training_args.h"
 
-#include "reference_data.h"
+#include "test_util.h"
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
@@ -12,17 +12,10 @@
 
 namespace {
 
+using mixprec::testing::error_of;
+
 using mixprec::TrainingArguments;
 using json = nlohmann::json;
-
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "(no error)";
-}
 
 std::string write_temp(const std::string& name, const std::string& text) {
   const auto path = std::filesystem::temp_directory_path() / (std::to_string(getpid()) + name);

@@ -63,7 +63,7 @@ struct TrainingArguments {
   std::optional<int64_t> data_seed = std::nullopt;
   int64_t dataloader_num_workers = 0;
   bool dataloader_drop_last = false;
-  std::string optim = "adamw_torch_fused";        // "adamw_torch" | "adamw_torch_fused" | "sgd"
+  std::string optim = "adamw_torch_fused";  // "adamw_torch" | "adamw_torch_fused" | "sgd"
   /// "tensorboard", "jsonl", "all" or "none"; validate() leaves the trackers to use.
   std::vector<std::string> report_to = {"none"};
   std::optional<std::string> resume_from_checkpoint = std::nullopt;
