@@ -3,6 +3,8 @@
 
 #include <c10/util/Exception.h>
 
+#include <cstdio>
+
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -27,6 +29,23 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what_without_backtrace();
   }
   return "<no error>";
+}
+
+/// Runs a shell command and returns what it printed on stdout.
+inline std::string run_command(const std::string& command) {
+  std::string out;
+  FILE* pipe = popen(command.c_str(), "r");
+  if (!pipe) return out;
+  char buffer[4096];
+  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
+  pclose(pipe);
+  return out;
+}
+
+/// `python3 tests/reference/SCRIPT ARGS`, with the interpreter the build found.
+inline std::string run_reference_script(const std::string& script_and_args) {
+  return run_command(std::string(MIXPREC_PYTHON) + " " + MIXPREC_REFERENCE_DIR + "/../" +
+                     script_and_args);
 }
 
 }  // namespace mixprec::testing

@@ -1,5 +1,7 @@
 #include "mixprec/log/tracker.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,16 +19,6 @@ fs::path fresh_dir(const std::string& name) {
   auto dir = fs::temp_directory_path() / ("mixprec_" + name + "_" + std::to_string(getpid()));
   fs::remove_all(dir);
   return dir;
-}
-
-std::string run(const std::string& command) {
-  std::string out;
-  FILE* pipe = popen(command.c_str(), "r");
-  if (!pipe) return out;
-  char buffer[4096];
-  while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
-  pclose(pipe);
-  return out;
 }
 
 TEST(Crc32c, KnownValues) {
@@ -62,8 +54,8 @@ TEST(TensorBoardTracker, TensorBoardReadsTheScalarsBack) {
     for (int step = 1; step <= 3; ++step)
       tracker.log({{"train/loss", 1.0 / step}, {"train/loss_scale", 65536.0 * step}}, step);
   }
-  const std::string out = run(std::string(MIXPREC_PYTHON) + " " + MIXPREC_REFERENCE_DIR +
-                              "/../read_tensorboard.py " + dir.string());
+  const std::string out =
+      mixprec::testing::run_reference_script("read_tensorboard.py " + dir.string());
   ASSERT_FALSE(out.empty());
   const json scalars = json::parse(out);
   ASSERT_EQ(scalars["train/loss"].size(), 3u);

@@ -1,0 +1,194 @@
+#include "mixprec/io/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <limits>
+#include <sstream>
+
+namespace mixprec::io {
+
+namespace {
+
+using json = nlohmann::json;
+
+// A header this large is not a tensor index; refuse before reading it (the
+// Rust reference implementation caps it at 100 MB too).
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+
+struct DType {
+  const char* name;
+  at::ScalarType type;
+};
+constexpr DType kDTypes[] = {
+    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16},
+    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
+    {"U8", at::kByte},    {"BOOL", at::kBool},
+};
+
+at::ScalarType dtype_from_name(const std::string& name, const std::string& where) {
+  for (const auto& d : kDTypes)
+    if (name == d.name) return d.type;
+  TORCH_CHECK(false, where, ": unsupported dtype '", name, "'");
+}
+
+const char* dtype_name(at::ScalarType type, const std::string& where) {
+  for (const auto& d : kDTypes)
+    if (type == d.type) return d.name;
+  TORCH_CHECK(false, where, ": dtype ", type, " cannot be stored in safetensors");
+}
+
+void fsync_path(const std::filesystem::path& path, int flags) {
+  const int fd = ::open(path.c_str(), flags);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+}  // namespace
+
+std::string read_file(const std::filesystem::path& path) {
+  std::ifstream in(path, std::ios::binary);
+  TORCH_CHECK(in.good(), path.string(), ": cannot open: ", std::strerror(errno));
+  std::ostringstream contents;
+  contents << in.rdbuf();
+  TORCH_CHECK(!in.bad(), path.string(), ": read failed");
+  return contents.str();
+}
+
+void write_file_atomically(const std::filesystem::path& path, const std::string& contents) {
+  const std::filesystem::path tmp = path.string() + ".tmp." + std::to_string(::getpid());
+  {
+    const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    TORCH_CHECK(fd >= 0, tmp.string(), ": cannot create: ", std::strerror(errno));
+    size_t written = 0;
+    while (written < contents.size()) {
+      const ssize_t n = ::write(fd, contents.data() + written, contents.size() - written);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) {
+        const int err = errno;
+        ::close(fd);
+        std::filesystem::remove(tmp);
+        TORCH_CHECK(false, tmp.string(), ": write failed: ", std::strerror(err));
+      }
+      written += static_cast<size_t>(n);
+    }
+    const bool synced = ::fsync(fd) == 0;
+    ::close(fd);
+    TORCH_CHECK(synced, tmp.string(), ": fsync failed: ", std::strerror(errno));
+  }
+  std::filesystem::rename(tmp, path);
+  // The rename itself is durable once the folder is synced.
+  fsync_path(path.has_parent_path() ? path.parent_path() : ".", O_RDONLY | O_DIRECTORY);
+}
+
+TensorMap load_safetensors(const std::filesystem::path& path,
+                           std::map<std::string, std::string>* metadata) {
+  const std::string file = path.string();
+  const std::string bytes = read_file(path);
+  TORCH_CHECK(bytes.size() >= 8, file, ": too short for a safetensors file (", bytes.size(),
+              " bytes; the header length alone takes 8)");
+  uint64_t header_size = 0;
+  std::memcpy(&header_size, bytes.data(), 8);  // little-endian, as x86 and ARM store it
+  TORCH_CHECK(header_size <= kMaxHeaderBytes && header_size <= bytes.size() - 8, file,
+              ": header length ", header_size, " runs past the end of the file (", bytes.size(),
+              " bytes)");
+  json header;
+  try {
+    header =
+        json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<ptrdiff_t>(header_size));
+  } catch (const json::parse_error& e) {
+    TORCH_CHECK(false, file, ": malformed JSON header: ", e.what());
+  }
+  TORCH_CHECK(header.is_object(), file, ": the header is not a JSON object");
+  const uint64_t data_size = bytes.size() - 8 - header_size;
+  const char* data = bytes.data() + 8 + header_size;
+
+  TensorMap tensors;
+  for (const auto& [name, entry] : header.items()) {
+    const std::string where = file + ": tensor '" + name + "'";
+    if (name == "__metadata__") {
+      TORCH_CHECK(entry.is_object(), file, ": __metadata__ is not an object");
+      if (metadata) {
+        for (const auto& [key, value] : entry.items()) {
+          TORCH_CHECK(value.is_string(), file, ": __metadata__ '", key, "' is not a string");
+          (*metadata)[key] = value.get<std::string>();
+        }
+      }
+      continue;
+    }
+    TORCH_CHECK(entry.is_object() && entry.contains("dtype") && entry.contains("shape") &&
+                    entry.contains("data_offsets"),
+                where, ": expected {dtype, shape, data_offsets}, got ", entry.dump());
+    TORCH_CHECK(entry["dtype"].is_string(), where, ": dtype is not a string");
+    const at::ScalarType type = dtype_from_name(entry["dtype"].get<std::string>(), where);
+    const json& shape_json = entry["shape"];
+    const json& offsets = entry["data_offsets"];
+    TORCH_CHECK(shape_json.is_array(), where, ": shape is not a list");
+    TORCH_CHECK(offsets.is_array() && offsets.size() == 2 && offsets[0].is_number_unsigned() &&
+                    offsets[1].is_number_unsigned(),
+                where, ": data_offsets must be two non-negative integers, got ", offsets.dump());
+    std::vector<int64_t> shape;
+    uint64_t numel = 1;
+    for (const auto& d : shape_json) {
+      TORCH_CHECK(d.is_number_unsigned(), where, ": shape ", shape_json.dump(),
+                  " holds a non-integer or negative size");
+      const uint64_t size = d.get<uint64_t>();
+      // Checked against the data below; stop overflow before that.
+      TORCH_CHECK(size == 0 || numel <= data_size / size, where, ": shape ", shape_json.dump(),
+                  " needs more data than the file holds");
+      numel *= size;
+      shape.push_back(static_cast<int64_t>(size));
+    }
+    const uint64_t begin = offsets[0].get<uint64_t>(), end = offsets[1].get<uint64_t>();
+    TORCH_CHECK(begin <= end && end <= data_size, where, ": data_offsets [", begin, ", ", end,
+                "] lie outside the data (", data_size, " bytes)");
+    const uint64_t expected = numel * c10::elementSize(type);
+    TORCH_CHECK(end - begin == expected, where, ": data_offsets span ", end - begin,
+                " bytes, but shape ", shape_json.dump(), " of ", entry["dtype"].get<std::string>(),
+                " takes ", expected);
+    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
+    if (expected > 0) std::memcpy(t.data_ptr(), data + begin, expected);
+    tensors.emplace(name, std::move(t));
+  }
+  return tensors;
+}
+
+void save_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
+                      const std::map<std::string, std::string>& metadata) {
+  json header = json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  std::vector<at::Tensor> contiguous;
+  uint64_t offset = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const std::string where = path.string() + ": tensor '" + name + "'";
+    TORCH_CHECK(tensor.defined(), where, " is undefined");
+    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
+    const uint64_t size = static_cast<uint64_t>(t.nbytes());
+    header[name] = {{"dtype", dtype_name(t.scalar_type(), where)},
+                    {"shape", t.sizes().vec()},
+                    {"data_offsets", {offset, offset + size}}};
+    offset += size;
+    contiguous.push_back(std::move(t));
+  }
+  std::string text = header.dump();
+  // Pad the header with spaces so the data starts 8-byte aligned, as the
+  // reference writer does.
+  text.append((8 - text.size() % 8) % 8, ' ');
+  std::string out(8, '\0');
+  const uint64_t header_size = text.size();
+  std::memcpy(out.data(), &header_size, 8);
+  out += text;
+  out.reserve(out.size() + offset);
+  for (const auto& t : contiguous)
+    out.append(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.nbytes()));
+  write_file_atomically(path, out);
+}
+
+}  // namespace mixprec::io

@@ -1,0 +1,42 @@
+#!/usr/bin/env python3
+"""Two uses, for tests/io/safetensors_test.cpp:
+
+    python3 tests/reference/safetensors_files.py write FILE   # a file made by Python safetensors
+    python3 tests/reference/safetensors_files.py read FILE    # what Python reads in FILE, as JSON
+
+The written tensors are exact small integers in every dtype, so the C++ test
+knows them without a second file: t_DTYPE = arange(6).reshape(2, 3) (bool:
+arange(6) % 2), plus a 0-dim f32 7.5 and an empty (0, 4) f32, and metadata
+{"format": "pt", "made_by": "python"}.
+"""
+import json
+import sys
+
+import torch
+from safetensors.torch import load_file, save_file, safe_open
+
+DTYPES = {"F64": torch.float64, "F32": torch.float32, "F16": torch.float16,
+          "BF16": torch.bfloat16, "I64": torch.int64, "I32": torch.int32, "I16": torch.int16,
+          "I8": torch.int8, "U8": torch.uint8}
+
+
+def write(path):
+    tensors = {f"t_{name}": torch.arange(6).reshape(2, 3).to(dtype) for name, dtype in DTYPES.items()}
+    tensors["t_BOOL"] = (torch.arange(6) % 2).bool().reshape(2, 3)
+    tensors["scalar"] = torch.tensor(7.5)
+    tensors["empty"] = torch.zeros(0, 4)
+    save_file(tensors, path, metadata={"format": "pt", "made_by": "python"})
+
+
+def read(path):
+    tensors = load_file(path)
+    with safe_open(path, "pt") as f:
+        metadata = f.metadata()
+    print(json.dumps({"metadata": metadata,
+                      "tensors": {name: {"dtype": str(t.dtype), "shape": list(t.shape),
+                                         "values": t.double().reshape(-1).tolist()}
+                                  for name, t in tensors.items()}}))
+
+
+if __name__ == "__main__":
+    {"write": write, "read": read}[sys.argv[1]](sys.argv[2])
