@@ -1,11 +1,15 @@
 #include "mixprec/accelerate/accelerator.h"
 
+#include "mixprec/io/checkpoint.h"
+
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
+
+#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <cstdlib>
@@ -58,7 +62,114 @@ AcceleratedOptimizer Accelerator::prepare_one(torch::optim::Optimizer& optimizer
 }
 
 AcceleratedScheduler Accelerator::prepare_one(optim::LRScheduler& scheduler) {
+  shared_->schedulers.push_back(&scheduler);
   return AcceleratedScheduler(scheduler, shared_);
+}
+
+void Accelerator::register_for_checkpointing(Checkpointable& object) {
+  shared_->custom_objects.push_back(&object);
+}
+
+namespace {
+
+// The n-th file of a kind: "model.safetensors", "model_1.safetensors", ... as Accelerate names
+// them.
+std::string nth(const std::string& stem, size_t n, const std::string& extension) {
+  return (n == 0 ? stem : stem + "_" + std::to_string(n)) + extension;
+}
+
+}  // namespace
+
+void Accelerator::save_state(const std::string& dir) {
+  using nlohmann::json;
+  // Every process's generators, gathered to the main process that writes.
+  std::vector<io::TensorMap> rng_states;
+  io::TensorMap own = io::rng_state();
+  if (shared_->group) {
+    wait_for_everyone();
+    for (const auto& [name, state] : own) {
+      at::Tensor all = shared_->group->all_gather(state.unsqueeze(0));
+      rng_states.resize(static_cast<size_t>(all.size(0)));
+      for (int64_t r = 0; r < all.size(0); ++r) rng_states[static_cast<size_t>(r)][name] = all[r];
+    }
+  } else {
+    rng_states.push_back(own);
+  }
+  if (is_main_process()) {
+    io::CheckpointWriter writer(dir);
+    for (size_t i = 0; i < shared_->models.size(); ++i)
+      writer.write_tensors(nth("model", i, ".safetensors"), io::module_state(*shared_->models[i]));
+    for (size_t i = 0; i < shared_->optimizers.size(); ++i) {
+      const auto state = io::optimizer_state(*shared_->optimizers[i].first);
+      writer.write_tensors(nth("optimizer", i, ".safetensors"), state.tensors);
+      writer.write_text(nth("optimizer", i, ".json"), state.groups_json);
+    }
+    for (size_t i = 0; i < shared_->schedulers.size(); ++i) {
+      const auto state = shared_->schedulers[i]->state_dict();
+      writer.write_text(
+          nth("scheduler", i, ".json"),
+          json{{"last_epoch", state.last_epoch}, {"base_lrs", state.base_lrs}}.dump(1));
+    }
+    if (shared_->scaler)
+      writer.write_text("scaler.json", json(shared_->scaler->state_dict()).dump(1));
+    for (size_t r = 0; r < rng_states.size(); ++r)
+      writer.write_tensors("random_states_" + std::to_string(r) + ".safetensors", rng_states[r]);
+    for (size_t i = 0; i < shared_->custom_objects.size(); ++i)
+      writer.write_text(nth("custom_checkpoint", i, ".json"),
+                        shared_->custom_objects[i]->state_dict());
+    writer.write_text("accelerator.json",
+                      json{{"step", shared_->step},
+                           {"num_processes", num_processes()},
+                           {"mixed_precision", shared_->options.mixed_precision}}
+                          .dump(1));
+    writer.commit();
+  }
+  wait_for_everyone();
+}
+
+void Accelerator::load_state(const std::string& dir_name) {
+  using nlohmann::json;
+  const std::filesystem::path dir(dir_name);
+  io::verify_checkpoint(dir);
+  auto read_json = [&](const std::string& name) {
+    const auto file = dir / name;
+    try {
+      return json::parse(io::read_file(file));
+    } catch (const json::exception& e) {
+      TORCH_CHECK(false, file.string(), ": malformed JSON: ", e.what());
+    }
+  };
+  for (size_t i = 0; i < shared_->models.size(); ++i) {
+    const auto file = dir / nth("model", i, ".safetensors");
+    io::load_module_state(*shared_->models[i], io::load_safetensors(file), file.string());
+  }
+  for (size_t i = 0; i < shared_->optimizers.size(); ++i) {
+    const auto file = dir / nth("optimizer", i, ".safetensors");
+    io::OptimizerState state{io::load_safetensors(file),
+                             io::read_file(dir / nth("optimizer", i, ".json"))};
+    io::load_optimizer_state(*shared_->optimizers[i].first, state, file.string());
+  }
+  for (size_t i = 0; i < shared_->schedulers.size(); ++i) {
+    const std::string name = nth("scheduler", i, ".json");
+    const json state = read_json(name);
+    try {
+      shared_->schedulers[i]->load_state_dict(
+          {state.at("last_epoch").get<int64_t>(), state.at("base_lrs").get<std::vector<double>>()});
+    } catch (const json::exception& e) {
+      TORCH_CHECK(false, (dir / name).string(), ": ", e.what());
+    }
+  }
+  if (shared_->scaler) {
+    const json state = read_json("scaler.json");
+    TORCH_CHECK(state.is_object(), (dir / "scaler.json").string(), ": expected an object");
+    shared_->scaler->load_state_dict(state.get<std::map<std::string, double>>());
+  }
+  const auto rng_file = dir / ("random_states_" + std::to_string(process_index()) + ".safetensors");
+  io::load_rng_state(io::load_safetensors(rng_file), rng_file.string());
+  for (size_t i = 0; i < shared_->custom_objects.size(); ++i)
+    shared_->custom_objects[i]->load_state_dict(
+        io::read_file(dir / nth("custom_checkpoint", i, ".json")));
+  shared_->step = read_json("accelerator.json").value("step", int64_t{0});
 }
 
 AcceleratedOptimizer::AcceleratedOptimizer(torch::optim::Optimizer& optimizer,

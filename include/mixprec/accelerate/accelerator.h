@@ -58,6 +58,15 @@ struct GradientState {
   int64_t num_steps = 1;
 };
 
+/// An object the Accelerator saves and loads with its state (Accelerate's
+/// `register_for_checkpointing`): it gives its state as JSON text.
+class Checkpointable {
+ public:
+  virtual ~Checkpointable() = default;
+  virtual std::string state_dict() const = 0;
+  virtual void load_state_dict(const std::string& json) = 0;
+};
+
 namespace detail {
 
 struct OptimizerFlags {
@@ -75,6 +84,10 @@ struct Shared {
   int64_t step = 0;  // micro-steps into the accumulation window
   std::vector<std::pair<torch::optim::Optimizer*, std::shared_ptr<OptimizerFlags>>> optimizers;
   std::shared_ptr<dist::ProcessGroup> group;  // null in a single process
+  // What save_state() saves, in the order prepare() saw it.
+  std::vector<std::shared_ptr<torch::nn::Module>> models;
+  std::vector<optim::LRScheduler*> schedulers;
+  std::vector<Checkpointable*> custom_objects;
 
   int64_t num_processes() const { return group ? group->world_size() : 1; }
   void unscale(torch::optim::Optimizer& optimizer, OptimizerFlags& flags);
@@ -205,6 +218,10 @@ class Accelerator {
   template <ModuleHandle M>
   PreparedModel<M> prepare_one(M model) {
     model->to(shared_->device);
+    if constexpr (requires { model.ptr(); })
+      shared_->models.push_back(model.ptr());
+    else
+      shared_->models.push_back(model);
     auto reducer = distribute(*model);
     return PreparedModel<M>(std::move(model), shared_, std::move(reducer));
   }
@@ -277,6 +294,18 @@ class Accelerator {
   at::Tensor gather_for_metrics(const at::Tensor& tensor) const;
   /// Sums ("sum") or averages ("mean") `tensor` over the processes.
   at::Tensor reduce(const at::Tensor& tensor, const std::string& reduction = "sum") const;
+
+  /// Saves everything prepared (models, optimizers, schedulers), the
+  /// GradScaler, every process's random number generators and the registered
+  /// objects into `dir`, atomically: safetensors for tensors, JSON for the
+  /// rest, nothing that runs code when loaded (Accelerate's save_state).
+  void save_state(const std::string& dir);
+  /// Restores what save_state wrote, after checking its checksums; a missing
+  /// or damaged file, or a state that does not fit what was prepared, is an
+  /// error that names the file.
+  void load_state(const std::string& dir);
+  /// Saves and loads `object` with the state; it must outlive the accelerator's use of it.
+  void register_for_checkpointing(Checkpointable& object);
 
   /// Opens the trackers of `log_with` in project_dir/project_name (main process only).
   void init_trackers(const std::string& project_name);

@@ -1,0 +1,67 @@
+#pragma once
+
+#include "mixprec/io/safetensors.h"
+
+#include <torch/nn/module.h>
+#include <torch/optim/optimizer.h>
+
+#include <filesystem>
+#include <string>
+
+namespace mixprec::io {
+
+/// A module's parameters and buffers by their dotted names (its state_dict).
+TensorMap module_state(const torch::nn::Module& module);
+/// Copies `state` into the module's parameters and buffers. Missing or
+/// unexpected names and shape or dtype mismatches are errors that name the
+/// tensor and `source` (the file it came from).
+void load_module_state(torch::nn::Module& module, const TensorMap& state,
+                       const std::string& source);
+
+/// An optimizer's per-parameter state as tensors ("state.<index>.<field>",
+/// the index counting parameters across groups as PyTorch's state_dict does)
+/// and its param groups' hyperparameters as JSON text. Supports
+/// torch::optim::SGD, Adam, AdamW and mixprec::optim::AdamW; any other is an
+/// error that names its type.
+struct OptimizerState {
+  TensorMap tensors;
+  std::string groups_json;
+};
+OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer);
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerState& state,
+                          const std::string& source);
+
+/// LibTorch's CPU generator state (and each CUDA device's), to resume with the
+/// same random numbers.
+TensorMap rng_state();
+void load_rng_state(const TensorMap& state, const std::string& source);
+
+/// Writes a checkpoint folder atomically: files go into a temporary sibling
+/// folder, are fsync'd, and the folder is renamed into place only by
+/// `commit()`. A crash before that leaves any previous checkpoint intact and
+/// no half-written one under the final name.
+class CheckpointWriter {
+ public:
+  explicit CheckpointWriter(std::filesystem::path final_dir);
+  ~CheckpointWriter();  // removes the temporary folder unless committed
+  CheckpointWriter(const CheckpointWriter&) = delete;
+  CheckpointWriter& operator=(const CheckpointWriter&) = delete;
+
+  /// Where to write the files now.
+  const std::filesystem::path& dir() const { return tmp_dir_; }
+  void write_text(const std::string& name, const std::string& text);
+  void write_tensors(const std::string& name, const TensorMap& tensors);
+  /// Records a checksum of every file (checksums.json), syncs, and moves the
+  /// folder into place, replacing an older one of the same name.
+  void commit();
+
+ private:
+  std::filesystem::path final_dir_, tmp_dir_;
+  bool committed_ = false;
+};
+
+/// Checks every file of a checkpoint folder against its checksums.json; a
+/// damaged or missing file is an error that names it.
+void verify_checkpoint(const std::filesystem::path& dir);
+
+}  // namespace mixprec::io

@@ -1,0 +1,306 @@
+#include "mixprec/io/checkpoint.h"
+
+#include "mixprec/log/tracker.h"
+#include "mixprec/optim/adamw.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+#include <c10/util/Exception.h>
+#include <fcntl.h>
+#include <torch/optim/adam.h>
+#include <torch/optim/adamw.h>
+#include <torch/optim/sgd.h>
+#include <unistd.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <set>
+
+namespace mixprec::io {
+
+namespace {
+
+using json = nlohmann::json;
+
+void fsync_dir(const std::filesystem::path& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  ::fsync(fd);
+  ::close(fd);
+}
+
+std::string hex(uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
+}
+
+// CRC-32C of a file's bytes: enough to catch a damaged or truncated file.
+std::string checksum(const std::filesystem::path& file) {
+  const std::string bytes = read_file(file);
+  return hex(log::crc32c(bytes.data(), bytes.size()));
+}
+
+template <typename S>
+void put_adam_like(const S& s, const std::string& prefix, TensorMap& out) {
+  out[prefix + "step"] = at::tensor(static_cast<double>(s.step()), at::kDouble);
+  out[prefix + "exp_avg"] = s.exp_avg();
+  out[prefix + "exp_avg_sq"] = s.exp_avg_sq();
+  if (s.max_exp_avg_sq().defined()) out[prefix + "max_exp_avg_sq"] = s.max_exp_avg_sq();
+}
+
+at::Tensor take(const TensorMap& state, const std::string& key, const at::Tensor& like,
+                const std::string& source) {
+  auto it = state.find(key);
+  TORCH_CHECK(it != state.end(), source, ": missing optimizer state '", key, "'");
+  TORCH_CHECK(!like.defined() || it->second.sizes() == like.sizes(), source, ": optimizer state '",
+              key, "' has shape ", it->second.sizes(), ", the parameter ", like.sizes());
+  return like.defined() ? it->second.to(like.options()) : it->second;
+}
+
+template <typename S>
+std::unique_ptr<S> get_adam_like(const TensorMap& state, const std::string& prefix,
+                                 const at::Tensor& param, const std::string& source) {
+  auto s = std::make_unique<S>();
+  s->exp_avg(take(state, prefix + "exp_avg", param, source));
+  s->exp_avg_sq(take(state, prefix + "exp_avg_sq", param, source));
+  if (state.count(prefix + "max_exp_avg_sq"))
+    s->max_exp_avg_sq(take(state, prefix + "max_exp_avg_sq", param, source));
+  return s;
+}
+
+enum class Kind { kSgd, kAdam, kTorchAdamW, kMixprecAdamW };
+
+Kind kind_of(const torch::optim::Optimizer& optimizer) {
+  if (dynamic_cast<const torch::optim::SGD*>(&optimizer)) return Kind::kSgd;
+  if (dynamic_cast<const torch::optim::Adam*>(&optimizer)) return Kind::kAdam;
+  if (dynamic_cast<const torch::optim::AdamW*>(&optimizer)) return Kind::kTorchAdamW;
+  if (dynamic_cast<const optim::AdamW*>(&optimizer)) return Kind::kMixprecAdamW;
+  TORCH_CHECK(false, "saving the state of optimizer ", typeid(optimizer).name(),
+              " is not supported; supported: torch::optim::SGD, Adam, AdamW, "
+              "mixprec::optim::AdamW");
+}
+
+}  // namespace
+
+TensorMap module_state(const torch::nn::Module& module) {
+  TensorMap state;
+  for (const auto& item : module.named_parameters()) state[item.key()] = item.value();
+  for (const auto& item : module.named_buffers()) state[item.key()] = item.value();
+  return state;
+}
+
+void load_module_state(torch::nn::Module& module, const TensorMap& state,
+                       const std::string& source) {
+  std::set<std::string> expected;
+  at::NoGradGuard no_grad;
+  auto load = [&](const std::string& name, at::Tensor& target) {
+    expected.insert(name);
+    auto it = state.find(name);
+    TORCH_CHECK(it != state.end(), source, ": missing '", name, "' (shape ", target.sizes(), ")");
+    TORCH_CHECK(it->second.sizes() == target.sizes(), source, ": '", name, "' has shape ",
+                it->second.sizes(), ", the model expects ", target.sizes());
+    TORCH_CHECK(it->second.is_floating_point() == target.is_floating_point(), source, ": '", name,
+                "' is ", it->second.scalar_type(), ", the model holds ", target.scalar_type());
+    target.copy_(it->second);
+  };
+  for (auto& item : module.named_parameters()) load(item.key(), item.value());
+  for (auto& item : module.named_buffers()) load(item.key(), item.value());
+  for (const auto& [name, tensor] : state)
+    TORCH_CHECK(expected.count(name), source, ": unexpected '", name, "' (shape ", tensor.sizes(),
+                "): the model has no such parameter or buffer");
+}
+
+OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer) {
+  const Kind kind = kind_of(optimizer);
+  OptimizerState out;
+  json groups = json::array();
+  size_t index = 0;
+  for (const auto& group : optimizer.param_groups()) {
+    groups.push_back({{"lr", group.options().get_lr()}, {"params", group.params().size()}});
+    for (const auto& param : group.params()) {
+      const std::string prefix = "state." + std::to_string(index++) + ".";
+      auto it = optimizer.state().find(param.unsafeGetTensorImpl());
+      if (it == optimizer.state().end()) continue;  // never stepped
+      const auto& s = *it->second;
+      switch (kind) {
+        case Kind::kSgd: {
+          const auto& sgd = static_cast<const torch::optim::SGDParamState&>(s);
+          if (sgd.momentum_buffer().defined())
+            out.tensors[prefix + "momentum_buffer"] = sgd.momentum_buffer();
+          out.tensors[prefix + "present"] = at::ones({}, at::kBool);
+          break;
+        }
+        case Kind::kAdam:
+          put_adam_like(static_cast<const torch::optim::AdamParamState&>(s), prefix, out.tensors);
+          break;
+        case Kind::kTorchAdamW:
+          put_adam_like(static_cast<const torch::optim::AdamWParamState&>(s), prefix, out.tensors);
+          break;
+        case Kind::kMixprecAdamW: {
+          const auto& a = static_cast<const optim::AdamWParamState&>(s);
+          out.tensors[prefix + "step"] = a.step();
+          out.tensors[prefix + "exp_avg"] = a.exp_avg();
+          out.tensors[prefix + "exp_avg_sq"] = a.exp_avg_sq();
+          if (a.max_exp_avg_sq().defined())
+            out.tensors[prefix + "max_exp_avg_sq"] = a.max_exp_avg_sq();
+          break;
+        }
+      }
+    }
+  }
+  out.groups_json = json{{"param_groups", groups}}.dump(1);
+  return out;
+}
+
+void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerState& state,
+                          const std::string& source) {
+  const Kind kind = kind_of(optimizer);
+  json groups;
+  try {
+    groups = json::parse(state.groups_json).at("param_groups");
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, source, ": malformed optimizer state: ", e.what());
+  }
+  auto& param_groups = optimizer.param_groups();
+  TORCH_CHECK(groups.is_array() && groups.size() == param_groups.size(), source, ": ",
+              groups.size(), " param groups in the checkpoint, ", param_groups.size(),
+              " in the optimizer");
+  size_t index = 0;
+  for (size_t g = 0; g < param_groups.size(); ++g) {
+    auto& group = param_groups[g];
+    TORCH_CHECK(groups[g].value("params", size_t{0}) == group.params().size(), source,
+                ": param group ", g, " holds ", groups[g].value("params", size_t{0}),
+                " parameters in the checkpoint, ", group.params().size(), " in the optimizer");
+    group.options().set_lr(groups[g].at("lr").get<double>());
+    for (const auto& param : group.params()) {
+      const std::string prefix = "state." + std::to_string(index++) + ".";
+      const bool present = std::any_of(state.tensors.begin(), state.tensors.end(),
+                                       [&](auto& kv) { return kv.first.starts_with(prefix); });
+      auto key = param.unsafeGetTensorImpl();
+      if (!present) {
+        optimizer.state().erase(key);
+        continue;
+      }
+      switch (kind) {
+        case Kind::kSgd: {
+          auto s = std::make_unique<torch::optim::SGDParamState>();
+          if (state.tensors.count(prefix + "momentum_buffer"))
+            s->momentum_buffer(take(state.tensors, prefix + "momentum_buffer", param, source));
+          optimizer.state()[key] = std::move(s);
+          break;
+        }
+        case Kind::kAdam: {
+          auto s =
+              get_adam_like<torch::optim::AdamParamState>(state.tensors, prefix, param, source);
+          s->step(static_cast<int64_t>(
+              take(state.tensors, prefix + "step", {}, source).item<double>()));
+          optimizer.state()[key] = std::move(s);
+          break;
+        }
+        case Kind::kTorchAdamW: {
+          auto s =
+              get_adam_like<torch::optim::AdamWParamState>(state.tensors, prefix, param, source);
+          s->step(static_cast<int64_t>(
+              take(state.tensors, prefix + "step", {}, source).item<double>()));
+          optimizer.state()[key] = std::move(s);
+          break;
+        }
+        case Kind::kMixprecAdamW: {
+          auto s = get_adam_like<optim::AdamWParamState>(state.tensors, prefix, param, source);
+          s->step(take(state.tensors, prefix + "step", {}, source).clone());
+          optimizer.state()[key] = std::move(s);
+          break;
+        }
+      }
+    }
+  }
+}
+
+TensorMap rng_state() {
+  TensorMap state;
+  state["cpu"] = at::detail::getDefaultCPUGenerator().get_state();
+  const auto cuda_devices =
+      at::globalContext().hasCUDA() ? at::detail::getCUDAHooks().deviceCount() : 0;
+  for (c10::DeviceIndex d = 0; d < cuda_devices; ++d)
+    state["cuda." + std::to_string(d)] =
+        at::detail::getCUDAHooks().getDefaultGenerator(d).get_state();
+  return state;
+}
+
+void load_rng_state(const TensorMap& state, const std::string& source) {
+  auto it = state.find("cpu");
+  TORCH_CHECK(it != state.end(), source, ": no 'cpu' generator state");
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  generator.set_state(it->second);
+  const auto cuda_devices =
+      at::globalContext().hasCUDA() ? at::detail::getCUDAHooks().deviceCount() : 0;
+  for (c10::DeviceIndex d = 0; d < cuda_devices; ++d) {
+    auto cuda = state.find("cuda." + std::to_string(d));
+    if (cuda == state.end()) continue;
+    at::Generator cuda_generator = at::detail::getCUDAHooks().getDefaultGenerator(d);
+    std::lock_guard<std::mutex> cuda_lock(cuda_generator.mutex());
+    cuda_generator.set_state(cuda->second);
+  }
+}
+
+CheckpointWriter::CheckpointWriter(std::filesystem::path final_dir)
+    : final_dir_(std::move(final_dir)) {
+  tmp_dir_ = final_dir_.string() + ".tmp-" + std::to_string(::getpid());
+  std::filesystem::remove_all(tmp_dir_);
+  std::filesystem::create_directories(tmp_dir_);
+}
+
+CheckpointWriter::~CheckpointWriter() {
+  if (!committed_) {
+    std::error_code ignored;
+    std::filesystem::remove_all(tmp_dir_, ignored);
+  }
+}
+
+void CheckpointWriter::write_text(const std::string& name, const std::string& text) {
+  write_file_atomically(tmp_dir_ / name, text);
+}
+
+void CheckpointWriter::write_tensors(const std::string& name, const TensorMap& tensors) {
+  save_safetensors(tmp_dir_ / name, tensors);
+}
+
+void CheckpointWriter::commit() {
+  json sums = json::object();
+  for (const auto& entry : std::filesystem::directory_iterator(tmp_dir_))
+    sums[entry.path().filename().string()] = checksum(entry.path());
+  write_file_atomically(tmp_dir_ / "checksums.json", sums.dump(1));
+  fsync_dir(tmp_dir_);
+  // Replace an older folder of the same name: move it aside first, so that at
+  // every moment one complete folder exists.
+  const std::filesystem::path old = final_dir_.string() + ".old-" + std::to_string(::getpid());
+  const bool replacing = std::filesystem::exists(final_dir_);
+  if (replacing) std::filesystem::rename(final_dir_, old);
+  std::filesystem::rename(tmp_dir_, final_dir_);
+  fsync_dir(final_dir_.has_parent_path() ? final_dir_.parent_path() : ".");
+  if (replacing) std::filesystem::remove_all(old);
+  committed_ = true;
+}
+
+void verify_checkpoint(const std::filesystem::path& dir) {
+  const auto manifest = dir / "checksums.json";
+  TORCH_CHECK(std::filesystem::exists(manifest), dir.string(),
+              ": no checksums.json: not a complete checkpoint");
+  json sums;
+  try {
+    sums = json::parse(read_file(manifest));
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, manifest.string(), ": malformed: ", e.what());
+  }
+  for (const auto& [name, sum] : sums.items()) {
+    const auto file = dir / name;
+    TORCH_CHECK(std::filesystem::exists(file), file.string(), ": missing from the checkpoint");
+    TORCH_CHECK(sum.is_string() && checksum(file) == sum.get<std::string>(), file.string(),
+                ": checksum mismatch: the file is damaged");
+  }
+}
+
+}  // namespace mixprec::io
