@@ -44,7 +44,10 @@ std::string checksum(const std::filesystem::path& file) {
 
 template <typename S>
 void put_adam_like(const S& s, const std::string& prefix, TensorMap& out) {
-  out[prefix + "step"] = at::tensor(static_cast<double>(s.step()), at::kDouble);
+  if constexpr (std::is_same_v<std::decay_t<decltype(s.step())>, int64_t>)
+    out[prefix + "step"] = at::tensor(static_cast<double>(s.step()), at::kDouble);
+  else
+    out[prefix + "step"] = s.step();
   out[prefix + "exp_avg"] = s.exp_avg();
   out[prefix + "exp_avg_sq"] = s.exp_avg_sq();
   if (s.max_exp_avg_sq().defined()) out[prefix + "max_exp_avg_sq"] = s.max_exp_avg_sq();
@@ -56,7 +59,9 @@ at::Tensor take(const TensorMap& state, const std::string& key, const at::Tensor
   TORCH_CHECK(it != state.end(), source, ": missing optimizer state '", key, "'");
   TORCH_CHECK(!like.defined() || it->second.sizes() == like.sizes(), source, ": optimizer state '",
               key, "' has shape ", it->second.sizes(), ", the parameter ", like.sizes());
-  return like.defined() ? it->second.to(like.options()) : it->second;
+  // A copy: the state must not alias the tensors it came from.
+  return like.defined() ? it->second.to(like.options(), /*non_blocking=*/false, /*copy=*/true)
+                        : it->second.clone();
 }
 
 template <typename S>
@@ -67,6 +72,12 @@ std::unique_ptr<S> get_adam_like(const TensorMap& state, const std::string& pref
   s->exp_avg_sq(take(state, prefix + "exp_avg_sq", param, source));
   if (state.count(prefix + "max_exp_avg_sq"))
     s->max_exp_avg_sq(take(state, prefix + "max_exp_avg_sq", param, source));
+  // LibTorch counts steps in an int64, mixprec's AdamW in a tensor, as PyTorch does.
+  const at::Tensor step = take(state, prefix + "step", {}, source);
+  if constexpr (std::is_same_v<std::decay_t<decltype(s->step())>, int64_t>)
+    s->step(static_cast<int64_t>(step.item<double>()));
+  else
+    s->step(step.clone());
   return s;
 }
 
@@ -138,15 +149,9 @@ OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer) {
         case Kind::kTorchAdamW:
           put_adam_like(static_cast<const torch::optim::AdamWParamState&>(s), prefix, out.tensors);
           break;
-        case Kind::kMixprecAdamW: {
-          const auto& a = static_cast<const optim::AdamWParamState&>(s);
-          out.tensors[prefix + "step"] = a.step();
-          out.tensors[prefix + "exp_avg"] = a.exp_avg();
-          out.tensors[prefix + "exp_avg_sq"] = a.exp_avg_sq();
-          if (a.max_exp_avg_sq().defined())
-            out.tensors[prefix + "max_exp_avg_sq"] = a.max_exp_avg_sq();
+        case Kind::kMixprecAdamW:
+          put_adam_like(static_cast<const optim::AdamWParamState&>(s), prefix, out.tensors);
           break;
-        }
       }
     }
   }
@@ -191,28 +196,18 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerSta
           optimizer.state()[key] = std::move(s);
           break;
         }
-        case Kind::kAdam: {
-          auto s =
+        case Kind::kAdam:
+          optimizer.state()[key] =
               get_adam_like<torch::optim::AdamParamState>(state.tensors, prefix, param, source);
-          s->step(static_cast<int64_t>(
-              take(state.tensors, prefix + "step", {}, source).item<double>()));
-          optimizer.state()[key] = std::move(s);
           break;
-        }
-        case Kind::kTorchAdamW: {
-          auto s =
+        case Kind::kTorchAdamW:
+          optimizer.state()[key] =
               get_adam_like<torch::optim::AdamWParamState>(state.tensors, prefix, param, source);
-          s->step(static_cast<int64_t>(
-              take(state.tensors, prefix + "step", {}, source).item<double>()));
-          optimizer.state()[key] = std::move(s);
           break;
-        }
-        case Kind::kMixprecAdamW: {
-          auto s = get_adam_like<optim::AdamWParamState>(state.tensors, prefix, param, source);
-          s->step(take(state.tensors, prefix + "step", {}, source).clone());
-          optimizer.state()[key] = std::move(s);
+        case Kind::kMixprecAdamW:
+          optimizer.state()[key] =
+              get_adam_like<optim::AdamWParamState>(state.tensors, prefix, param, source);
           break;
-        }
       }
     }
   }
