@@ -80,7 +80,8 @@ std::string nth(const std::string& stem, size_t n, const std::string& extension)
 
 }  // namespace
 
-void Accelerator::save_state(const std::string& dir) {
+void Accelerator::save_state(const std::string& dir,
+                             const std::map<std::string, std::string>& extra_files) {
   using nlohmann::json;
   // Every process's generators, gathered to the main process that writes.
   std::vector<io::TensorMap> rng_states;
@@ -122,6 +123,7 @@ void Accelerator::save_state(const std::string& dir) {
                            {"num_processes", num_processes()},
                            {"mixed_precision", shared_->options.mixed_precision}}
                           .dump(1));
+    for (const auto& [name, text] : extra_files) writer.write_text(name, text);
     writer.commit();
   }
   wait_for_everyone();

@@ -11,10 +11,13 @@ namespace mixprec::amp {
 
 namespace {
 
-void check_device(c10::DeviceType device_type) {
+// Returns device_type, so that it can run first in the constructor's
+// initializer list, before anything reads the device's autocast state.
+c10::DeviceType checked_device(c10::DeviceType device_type) {
   TORCH_CHECK(at::autocast::is_autocast_available(device_type),
-              "mixprec::amp::Autocast: autocast is not available on device type '",
+              "mixprec::amp::Autocast: User specified an unsupported autocast device_type '",
               c10::DeviceTypeName(device_type, /*lower_case=*/true), "'");
+  return device_type;
 }
 
 void check_dtype(c10::DeviceType device_type, c10::ScalarType dtype) {
@@ -31,13 +34,12 @@ void check_dtype(c10::DeviceType device_type, c10::ScalarType dtype) {
 
 Autocast::Autocast(c10::DeviceType device_type, std::optional<c10::ScalarType> dtype, bool enabled,
                    std::optional<bool> cache_enabled)
-    : device_type_(device_type),
+    : device_type_(checked_device(device_type)),
       dtype_(dtype.value_or(at::autocast::get_autocast_dtype(device_type))),
       enabled_(enabled),
       prev_enabled_(at::autocast::is_autocast_enabled(device_type)),
       prev_dtype_(at::autocast::get_autocast_dtype(device_type)),
       prev_cache_enabled_(at::autocast::is_autocast_cache_enabled()) {
-  check_device(device_type_);
   if (enabled_) check_dtype(device_type_, dtype_);
   if (enabled_ && device_type_ == c10::DeviceType::CPU && dtype_ == c10::kHalf)
     maybe_install_fp16_cpu_fast_path();

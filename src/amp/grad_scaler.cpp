@@ -156,11 +156,16 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
       found_inf = found_inf + t.to(scale_.device(), /*non_blocking=*/true);
     amp_aware->grad_scale =
         state.stage == Stage::kUnscaled ? std::nullopt : std::optional<at::Tensor>(scale_);
+    // Per-device flags add up past 1, but the fused kernels skip only on
+    // exactly 1 (PyTorch passes the sum and so misses a two-device overflow).
+    found_inf = (found_inf > 0).to(at::kFloat);
     amp_aware->found_inf = found_inf;
     optimizer.step();
     amp_aware->grad_scale.reset();
     amp_aware->found_inf.reset();
     state.stage = Stage::kStepped;
+    // Returning whether it stepped reads found_inf on the host: one sync per
+    // step, where PyTorch returns the optimizer's result without it.
     return found_inf.item<float>() == 0.0f;
   }
 

@@ -65,6 +65,16 @@ at::Tensor AdamW::step(LossClosure closure) {
     at::AutoGradMode enable_grad(true);
     loss = closure();
   }
+  // Every gradient is checked before any parameter changes, as PyTorch does.
+  for (const auto& group : param_groups_) {
+    for (const auto& param : group.params()) {
+      if (!param.grad().defined()) continue;
+      TORCH_CHECK(!param.grad().is_sparse(),
+                  "Adam does not support sparse gradients, please consider SparseAdam instead");
+      TORCH_CHECK(!param.is_complex(), "mixprec::optim::AdamW: complex parameters (",
+                  param.scalar_type(), ") are not supported");
+    }
+  }
   for (auto& group : param_groups_) {
     if (static_cast<AdamWOptions&>(group.options()).fused())
       fused_step(group);
@@ -80,8 +90,6 @@ void AdamW::single_tensor_step(torch::optim::OptimizerParamGroup& group) {
   const auto [beta1, beta2] = o.betas();
   for (auto& param : group.params()) {
     if (!param.grad().defined()) continue;
-    TORCH_CHECK(!param.grad().is_sparse(),
-                "AdamW does not support sparse gradients, please consider SparseAdam instead");
     auto& state = state_for(param, /*fused=*/false);
     if (o.amsgrad() && !state.max_exp_avg_sq().defined())
       state.max_exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
@@ -122,8 +130,6 @@ void AdamW::fused_step(torch::optim::OptimizerParamGroup& group) {
   std::vector<Bucket> buckets;
   for (auto& param : group.params()) {
     if (!param.grad().defined()) continue;
-    TORCH_CHECK(!param.grad().is_sparse(),
-                "AdamW does not support sparse gradients, please consider SparseAdam instead");
     auto& state = state_for(param, /*fused=*/true);
     if (o.amsgrad() && !state.max_exp_avg_sq().defined())
       state.max_exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));

@@ -1,6 +1,8 @@
 #include "mixprec/amp/autocast.h"
 
 #include <ATen/autocast_mode.h>
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -120,6 +122,17 @@ TEST(Autocast, UnsupportedDtypeIsAnError) {
   // Disabled, any dtype is accepted, as in PyTorch.
   Autocast off(torch::kCPU, torch::kFloat, /*enabled=*/false);
   EXPECT_FALSE(at::autocast::is_autocast_enabled(torch::kCPU));
+}
+
+}  // namespace
+
+namespace {
+
+TEST(Autocast, UnsupportedDeviceIsAnError) {
+  EXPECT_NE(mixprec::testing::error_of([] {
+              mixprec::amp::Autocast guard(c10::DeviceType::FPGA);
+            }).find("unsupported autocast device_type 'fpga'"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "mixprec/optim/adamw.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -91,6 +93,23 @@ TEST(AdamW, InvalidOptionsAreClearErrors) {
     EXPECT_NE(std::string(e.what()).find("requires all the params to be floating point"),
               std::string::npos);
   }
+}
+
+}  // namespace
+
+namespace {
+
+TEST(AdamW, BadGradientsAreRejectedBeforeAnyUpdate) {
+  auto dense = torch::ones({2}, torch::requires_grad());
+  auto complex = torch::ones({2}, torch::dtype(torch::kComplexFloat).requires_grad(true));
+  mixprec::optim::AdamW adamw({dense, complex});
+  dense.mutable_grad() = torch::ones({2});
+  complex.mutable_grad() = torch::ones({2}, torch::kComplexFloat);
+  EXPECT_NE(mixprec::testing::error_of([&] {
+              adamw.step();
+            }).find("complex parameters (ComplexFloat) are not supported"),
+            std::string::npos);
+  EXPECT_TRUE(torch::equal(dense.detach(), torch::ones({2})));  // untouched
 }
 
 }  // namespace

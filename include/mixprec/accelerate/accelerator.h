@@ -138,11 +138,17 @@ class PreparedModel {
 
   template <typename... Args>
   auto operator()(Args&&... args) {
+    return run([&] { return module_->forward(std::forward<Args>(args)...); });
+  }
+  /// Runs `forward()` (any call of the model) as operator() runs `forward`:
+  /// for models whose entry point has another name or signature.
+  template <typename F>
+  auto run(F&& forward) {
     if (reducer_ && at::GradMode::is_enabled() && shared_->gradient_state.sync_gradients)
       reducer_->prepare_for_backward();
     std::optional<amp::Autocast> autocast;
     if (shared_->autocast_dtype) autocast.emplace(shared_->device.type(), *shared_->autocast_dtype);
-    return detail::to_fp32(module_->forward(std::forward<Args>(args)...));
+    return detail::to_fp32(forward());
   }
   auto operator->() { return module_.operator->(); }
   /// The module as the user gave it (a handle: copies share the module).
@@ -299,7 +305,9 @@ class Accelerator {
   /// GradScaler, every process's random number generators and the registered
   /// objects into `dir`, atomically: safetensors for tensors, JSON for the
   /// rest, nothing that runs code when loaded (Accelerate's save_state).
-  void save_state(const std::string& dir);
+  /// `extra_files` (name -> text) go into the same folder, in the same commit.
+  void save_state(const std::string& dir,
+                  const std::map<std::string, std::string>& extra_files = {});
   /// Restores what save_state wrote, after checking its checksums; a missing
   /// or damaged file, or a state that does not fit what was prepared, is an
   /// error that names the file.
