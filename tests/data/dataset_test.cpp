@@ -155,6 +155,14 @@ TEST(ClassificationDatasetCsv, ReadsRfc4180WithColumnsByName) {
   EXPECT_EQ(ds->num_labels(), 2);
 }
 
+TEST(ClassificationDatasetCsv, SkipsAByteOrderMarkAndReadsAFinalLineWithoutNewline) {
+  auto path = write_file("bom.csv", "\xEF\xBB\xBFtext,label\na,2\nb,0");
+  auto ds = ClassificationDataset::from_csv(path, "text", "label", encode_bytes, 8);
+  ASSERT_EQ(ds->size(), 2u);
+  EXPECT_EQ(ds->get(1).at("labels").item<int64_t>(), 0);
+  EXPECT_EQ(ds->num_labels(), 3);
+}
+
 TEST(ClassificationDatasetCsv, StringLabelsGetIdsInFirstSeenOrderAndTextIsTruncated) {
   auto path = write_file("names.csv", "text,sentiment\nhello world,pos\nbad,neg\nfine,pos\n");
   auto ds = ClassificationDataset::from_csv(path, "text", "sentiment", encode_bytes, 4);
@@ -226,6 +234,8 @@ TEST(ClassificationDatasetJsonl, BadInputNamesFileLineAndProblem) {
   auto load = [](const std::string& path) {
     return [=] { ClassificationDataset::from_jsonl(path, "text", "label", encode_bytes, 8); };
   };
+  EXPECT_TRUE(has(error_of(load("/nonexistent/a.jsonl")),
+                  "/nonexistent/a.jsonl: cannot open (No such file or directory)"));
   auto empty = write_file("empty.jsonl", "");
   EXPECT_TRUE(has(error_of(load(empty)), empty + ": empty file"));
   auto malformed = write_file("malformed.jsonl", "{\"text\": \"a\", \"label\": 1}\n{\"text\": \n");

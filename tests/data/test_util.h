@@ -4,7 +4,6 @@
 #include <c10/util/Exception.h>
 
 #include <unistd.h>
-#include <atomic>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -30,15 +29,21 @@ inline bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
 }
 
-// A file with `contents` in a per-process scratch folder; returns its path.
+// A per-process scratch folder, removed at exit.
+struct ScratchDir {
+  std::filesystem::path path =
+      std::filesystem::temp_directory_path() / ("mixprec_data_tests_" + std::to_string(::getpid()));
+  ScratchDir() { std::filesystem::create_directories(path); }
+  ~ScratchDir() {
+    std::error_code ignored;
+    std::filesystem::remove_all(path, ignored);
+  }
+};
+
+// A file with `contents` in the scratch folder; returns its path.
 inline std::string write_file(const std::string& name, const std::string& contents) {
-  static const auto dir = [] {
-    auto d = std::filesystem::temp_directory_path() /
-             ("mixprec_data_tests_" + std::to_string(::getpid()));
-    std::filesystem::create_directories(d);
-    return d;
-  }();
-  const auto path = (dir / name).string();
+  static const ScratchDir dir;
+  const auto path = (dir.path / name).string();
   std::ofstream(path, std::ios::binary) << contents;
   return path;
 }
