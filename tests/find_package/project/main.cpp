@@ -1,5 +1,6 @@
 #include <mixprec/amp/autocast.h>
 #include <mixprec/amp/grad_scaler.h>
+#include <mixprec/data/dataloader.h>
 
 #include <ATen/ATen.h>
 
@@ -12,7 +13,14 @@ int main() {
     mixprec::amp::Autocast autocast(at::kCPU, at::kBFloat16);
     scaled = scaler.scale(at::ones({2}));
   }
-  const bool ok = scaled.sum().item<float>() == 8.0f && scaler.get_scale() == 4.0;
+  // The data headers need nothing beyond LibTorch (nlohmann-json stays inside mixprec).
+  auto numbers = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"x", at::arange(10)}});
+  mixprec::data::DataLoader loader(numbers, {.batch_size = 4, .shuffle = true});
+  int64_t total = 0;
+  for (const auto& batch : loader) total += batch.at("x").sum().item<int64_t>();
+  const bool ok = scaled.sum().item<float>() == 8.0f && scaler.get_scale() == 4.0 && total == 45 &&
+                  loader.size() == 3;
   std::cout << (ok ? "downstream: ok" : "downstream: wrong result") << std::endl;
   return ok ? 0 : 1;
 }

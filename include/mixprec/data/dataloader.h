@@ -1,0 +1,148 @@
+#pragma once
+
+#include "mixprec/data/collate.h"
+#include "mixprec/data/dataset.h"
+
+#include <c10/util/Exception.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <iterator>
+#include <memory>
+#include <vector>
+
+namespace mixprec::data {
+
+/// Options of `DataLoader`. The defaults are `torch.utils.data.DataLoader`'s
+/// (batch_size 8 as HF's TrainingArguments) with a `DistributedSampler` of
+/// `num_replicas` ranks.
+struct DataLoaderOptions {
+  size_t batch_size = 8;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  /// Drops the last incomplete batch, and the samples that do not divide
+  /// evenly among the replicas (instead of padding with repeats).
+  bool drop_last = false;
+  /// Background threads that read and collate batches ahead of the caller;
+  /// 0 reads in the caller's thread. The order is the same either way.
+  size_t num_workers = 0;
+  /// Batches read ahead per worker.
+  size_t prefetch_factor = 2;
+  size_t num_replicas = 1;
+  size_t rank = 0;
+};
+
+/// Where a DataLoader stands: the epoch, and how many batches of it were
+/// handed out. Saved with a checkpoint, it lets a resumed run yield exactly the
+/// remaining batches of the epoch.
+struct DataLoaderState {
+  int64_t epoch = 0;
+  int64_t batches_yielded = 0;
+  bool operator==(const DataLoaderState&) const = default;
+};
+
+/// nlohmann::json hooks (found by ADL): {"epoch": 0, "batches_yielded": 0}.
+template <typename Json>
+void to_json(Json& j, const DataLoaderState& state) {
+  j = Json{{"epoch", state.epoch}, {"batches_yielded", state.batches_yielded}};
+}
+template <typename Json>
+void from_json(const Json& j, DataLoaderState& state) {
+  for (const char* key : {"epoch", "batches_yielded"}) {
+    TORCH_CHECK(j.is_object() && j.contains(key) && j.at(key).is_number_integer(),
+                "DataLoaderState: expected an integer '", key, "' in ", j.dump());
+  }
+  state.epoch = j.at("epoch").template get<int64_t>();
+  state.batches_yielded = j.at("batches_yielded").template get<int64_t>();
+}
+
+/// The indices one rank reads in one epoch, in order: exactly
+/// `torch.utils.data.DistributedSampler(dataset, num_replicas, rank, shuffle,
+/// seed, drop_last)` after `set_epoch(epoch)`. Shuffled, that is
+/// `torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))`,
+/// padded by repeating from the start to a multiple of num_replicas (or cut
+/// to one with drop_last), then `indices[rank::num_replicas]`.
+std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_replicas,
+                                                size_t rank, bool shuffle, uint64_t seed,
+                                                int64_t epoch, bool drop_last);
+
+/// Batches of a Dataset, the twin of `torch.utils.data.DataLoader` with a
+/// `DistributedSampler` (one replica by default).
+///
+/// ```
+/// DataLoader loader(train, {.batch_size = 32, .shuffle = true, .num_workers = 2});
+/// for (int64_t epoch = 0; epoch < 3; ++epoch) {
+///   loader.set_epoch(epoch);
+///   for (const Batch& batch : loader) step(batch.at("input_ids"), batch.at("labels"));
+/// }
+/// ```
+///
+/// One iteration runs at a time: `begin()` abandons the previous one. The
+/// loader must outlive its iterators.
+class DataLoader {
+ public:
+  DataLoader(DatasetPtr dataset, DataLoaderOptions options = {}, CollateFn collate_fn = {});
+  ~DataLoader();
+  DataLoader(const DataLoader&) = delete;
+  DataLoader& operator=(const DataLoader&) = delete;
+
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = Batch;
+    using difference_type = std::ptrdiff_t;
+    using pointer = const Batch*;
+    using reference = const Batch&;
+
+    Iterator() = default;
+    const Batch& operator*() const { return batch_; }
+    const Batch* operator->() const { return &batch_; }
+    Iterator& operator++();
+    /// Only comparison with end() is meaningful.
+    bool operator==(const Iterator& other) const { return done() == other.done(); }
+
+   private:
+    friend class DataLoader;
+    struct Run;
+    bool done() const { return run_ == nullptr; }
+    void fetch();
+
+    std::shared_ptr<Run> run_;  // null at the end
+    Batch batch_;
+  };
+
+  /// Starts (or resumes, after load_state) the current epoch.
+  Iterator begin();
+  Iterator end() { return {}; }
+
+  /// Selects the shuffle order (seed + epoch). Another epoch starts at its
+  /// first batch; the current one keeps its position.
+  void set_epoch(int64_t epoch);
+  int64_t epoch() const { return epoch_; }
+  /// Batches per epoch on this rank.
+  size_t size() const;
+  /// Samples per epoch on this rank (padding included).
+  size_t num_samples() const;
+  /// How many samples of this rank's last batch are padding repeated to even
+  /// out the ranks; drop them before computing metrics (Accelerate's
+  /// gather_for_metrics). 0 with drop_last.
+  size_t num_padding_samples() const;
+
+  /// Batches handed out in the current epoch so far. When an iteration ends the
+  /// position goes back to the start of the epoch.
+  DataLoaderState state() const { return {epoch_, batches_yielded_}; }
+  void load_state(const DataLoaderState& state);
+
+  const DataLoaderOptions& options() const { return options_; }
+  const DatasetPtr& dataset() const { return dataset_; }
+
+ private:
+  DatasetPtr dataset_;
+  DataLoaderOptions options_;
+  CollateFn collate_fn_;
+  int64_t epoch_ = 0;
+  int64_t batches_yielded_ = 0;
+  uint64_t generation_ = 0;  // bumped by begin(): an abandoned iterator stops counting
+};
+
+}  // namespace mixprec::data

@@ -1,0 +1,222 @@
+#include "mixprec/data/dataloader.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+
+#include <condition_variable>
+#include <exception>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <variant>
+
+namespace mixprec::data {
+
+namespace {
+
+// Samples per rank: DistributedSampler's num_samples.
+size_t samples_per_replica(size_t n, size_t num_replicas, bool drop_last) {
+  return drop_last ? n / num_replicas : (n + num_replicas - 1) / num_replicas;
+}
+
+}  // namespace
+
+std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_replicas,
+                                                size_t rank, bool shuffle, uint64_t seed,
+                                                int64_t epoch, bool drop_last) {
+  TORCH_CHECK(num_replicas >= 1, "Invalid num_replicas ", num_replicas, " (expected >= 1)");
+  TORCH_CHECK(rank < num_replicas, "Invalid rank ", rank, ", rank should be in the interval [0, ",
+              num_replicas - 1, "]");
+  const size_t n = dataset_size;
+  std::vector<size_t> order(n);
+  if (shuffle) {
+    // torch.Generator().manual_seed(seed + epoch): seeds wrap modulo 2**64 as in Python.
+    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(epoch));
+    auto perm = at::randperm(static_cast<int64_t>(n), generator, at::kLong);
+    const int64_t* p = perm.data_ptr<int64_t>();
+    for (size_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(p[i]);
+  } else {
+    for (size_t i = 0; i < n; ++i) order[i] = i;
+  }
+  // Position p of the list padded (by repeating from the start) to
+  // num_samples * num_replicas is order[p % n]; this rank takes p = rank + j * num_replicas.
+  const size_t num_samples = samples_per_replica(n, num_replicas, drop_last);
+  std::vector<size_t> indices(num_samples);
+  for (size_t j = 0; j < num_samples; ++j) indices[j] = order[(rank + j * num_replicas) % n];
+  return indices;
+}
+
+// One pass over an epoch: the rank's indices, and the workers reading ahead.
+struct DataLoader::Iterator::Run {
+  using Result = std::variant<Batch, std::exception_ptr>;
+
+  Run(DataLoader& loader, size_t start)
+      : loader(&loader),
+        generation(loader.generation_),
+        dataset(loader.dataset_),
+        collate_fn(loader.collate_fn_),
+        batch_size(loader.options_.batch_size),
+        indices(distributed_sampler_indices(dataset->size(), loader.options_.num_replicas,
+                                            loader.options_.rank, loader.options_.shuffle,
+                                            loader.options_.seed, loader.epoch_,
+                                            loader.options_.drop_last)),
+        num_batches(loader.size()),
+        next(start),
+        dispatched(start),
+        window(loader.options_.num_workers * loader.options_.prefetch_factor) {
+    for (size_t w = 0; w < loader.options_.num_workers; ++w)
+      workers.emplace_back([this] { work(); });
+  }
+
+  ~Run() {
+    {
+      std::lock_guard<std::mutex> lock(mutex);
+      stop = true;
+    }
+    changed.notify_all();
+    for (auto& worker : workers) worker.join();
+  }
+
+  // Reads and collates batch b.
+  Batch load(size_t b) const {
+    std::vector<Example> examples;
+    const size_t end = std::min(indices.size(), (b + 1) * batch_size);
+    for (size_t i = b * batch_size; i < end; ++i) examples.push_back(dataset->get(indices[i]));
+    return collate_fn(examples);
+  }
+
+  // Worker loop: claims the next batch while fewer than `window` are ahead of the caller.
+  void work() {
+    std::unique_lock<std::mutex> lock(mutex);
+    while (true) {
+      changed.wait(lock,
+                   [&] { return stop || dispatched >= num_batches || dispatched < next + window; });
+      if (stop || dispatched >= num_batches) return;
+      const size_t b = dispatched++;
+      lock.unlock();
+      Result result;
+      try {
+        result = load(b);
+      } catch (...) {
+        result = std::current_exception();
+      }
+      lock.lock();
+      ready.emplace(b, std::move(result));
+      changed.notify_all();
+    }
+  }
+
+  // Batch `next`, read here or waited for; a worker's exception is rethrown here.
+  Batch take() {
+    const size_t b = next;
+    if (workers.empty()) {
+      Batch batch = load(b);
+      next = b + 1;
+      return batch;
+    }
+    std::unique_lock<std::mutex> lock(mutex);
+    changed.wait(lock, [&] { return ready.count(b) > 0; });
+    Result result = std::move(ready.extract(b).mapped());
+    next = b + 1;
+    lock.unlock();
+    changed.notify_all();
+    if (auto* error = std::get_if<std::exception_ptr>(&result)) std::rethrow_exception(*error);
+    return std::move(std::get<Batch>(result));
+  }
+
+  DataLoader* loader;
+  uint64_t generation;
+  DatasetPtr dataset;
+  CollateFn collate_fn;
+  size_t batch_size;
+  std::vector<size_t> indices;
+  size_t num_batches;
+
+  std::mutex mutex;
+  std::condition_variable changed;
+  size_t next;        // the batch the caller gets next
+  size_t dispatched;  // the first batch no worker has claimed
+  size_t window;
+  bool stop = false;
+  std::map<size_t, Result> ready;
+  std::vector<std::thread> workers;
+};
+
+DataLoader::Iterator& DataLoader::Iterator::operator++() {
+  fetch();
+  return *this;
+}
+
+void DataLoader::Iterator::fetch() {
+  Run& run = *run_;
+  const bool current = run.loader->generation_ == run.generation;
+  if (run.next >= run.num_batches) {
+    if (current) run.loader->batches_yielded_ = 0;  // the next pass restarts the epoch
+    run_.reset();
+    batch_.clear();
+    return;
+  }
+  batch_ = run.take();
+  if (current) run.loader->batches_yielded_ = static_cast<int64_t>(run.next);
+}
+
+DataLoader::DataLoader(DatasetPtr dataset, DataLoaderOptions options, CollateFn collate_fn)
+    : dataset_(std::move(dataset)), options_(options), collate_fn_(std::move(collate_fn)) {
+  TORCH_CHECK(dataset_, "DataLoader: no dataset given");
+  TORCH_CHECK(options_.batch_size > 0, "DataLoader: invalid batch_size ", options_.batch_size,
+              " (expected > 0)");
+  TORCH_CHECK(options_.num_replicas >= 1, "DataLoader: invalid num_replicas ",
+              options_.num_replicas, " (expected >= 1)");
+  TORCH_CHECK(options_.rank < options_.num_replicas, "DataLoader: invalid rank ", options_.rank,
+              ", rank should be in the interval [0, ", options_.num_replicas - 1, "]");
+  TORCH_CHECK(options_.num_workers == 0 || options_.prefetch_factor > 0,
+              "DataLoader: invalid prefetch_factor ", options_.prefetch_factor,
+              " (expected > 0 with num_workers > 0)");
+  if (!collate_fn_)
+    collate_fn_ = [](const std::vector<Example>& examples) { return collate(examples); };
+}
+
+DataLoader::~DataLoader() = default;
+
+DataLoader::Iterator DataLoader::begin() {
+  ++generation_;
+  Iterator it;
+  it.run_ = std::make_shared<Iterator::Run>(*this, static_cast<size_t>(batches_yielded_));
+  it.fetch();
+  return it;
+}
+
+void DataLoader::set_epoch(int64_t epoch) {
+  if (epoch == epoch_) return;
+  epoch_ = epoch;
+  batches_yielded_ = 0;
+}
+
+size_t DataLoader::num_samples() const {
+  return samples_per_replica(dataset_->size(), options_.num_replicas, options_.drop_last);
+}
+
+size_t DataLoader::size() const {
+  const size_t n = num_samples();
+  const size_t b = options_.batch_size;
+  return options_.drop_last ? n / b : (n + b - 1) / b;
+}
+
+size_t DataLoader::num_padding_samples() const {
+  if (options_.drop_last || size() == 0) return 0;
+  // Sample j of this rank is padding when its place in the padded list is past the dataset.
+  size_t padding = 0;
+  for (size_t j = (size() - 1) * options_.batch_size; j < num_samples(); ++j)
+    padding += options_.rank + j * options_.num_replicas >= dataset_->size();
+  return padding;
+}
+
+void DataLoader::load_state(const DataLoaderState& state) {
+  TORCH_CHECK(state.batches_yielded >= 0 && state.batches_yielded <= static_cast<int64_t>(size()),
+              "DataLoader::load_state: batches_yielded ", state.batches_yielded,
+              " out of range [0, ", size(), "] (batches per epoch on this rank)");
+  epoch_ = state.epoch;
+  batches_yielded_ = state.batches_yielded;
+}
+
+}  // namespace mixprec::data

@@ -1,0 +1,226 @@
+#include "mixprec/data/dataloader.h"
+
+#include "data/test_util.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <nlohmann/json.hpp>
+#include <set>
+
+namespace {
+
+using namespace mixprec::data;
+using data_test::error_of;
+using data_test::has;
+using data_test::reference;
+
+std::shared_ptr<TensorDataset> range_dataset(int64_t n) {
+  return std::make_shared<TensorDataset>(std::map<std::string, at::Tensor>{
+      {"index", torch::arange(n)}, {"x", torch::arange(n, torch::kFloat).unsqueeze(1)}});
+}
+
+// The sample indices of every batch of one pass.
+std::vector<std::vector<int64_t>> pass(DataLoader& loader) {
+  std::vector<std::vector<int64_t>> batches;
+  for (const Batch& batch : loader) {
+    const auto& index = batch.at("index");
+    batches.emplace_back(index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
+  }
+  return batches;
+}
+
+TEST(DataLoader, BatchOrderEqualsPythonsDistributedSampler) {
+  ASSERT_FALSE(reference()["loader"].empty());
+  for (const auto& c : reference()["loader"]) {
+    const auto num_replicas = c["num_replicas"].get<size_t>();
+    for (size_t rank = 0; rank < num_replicas; ++rank) {
+      SCOPED_TRACE("n=" + c["n"].dump() + " batch_size=" + c["batch_size"].dump() +
+                   " shuffle=" + c["shuffle"].dump() + " seed=" + c["seed"].dump() +
+                   " epoch=" + c["epoch"].dump() + " drop_last=" + c["drop_last"].dump() +
+                   " rank " + std::to_string(rank) + "/" + std::to_string(num_replicas));
+      DataLoader loader(range_dataset(c["n"]), {.batch_size = c["batch_size"],
+                                                .shuffle = c["shuffle"],
+                                                .seed = c["seed"],
+                                                .drop_last = c["drop_last"],
+                                                .num_replicas = num_replicas,
+                                                .rank = rank});
+      loader.set_epoch(c["epoch"]);
+      const auto expected = c["batches_per_rank"][rank].get<std::vector<std::vector<int64_t>>>();
+      EXPECT_EQ(loader.size(), expected.size());
+      EXPECT_EQ(pass(loader), expected);
+    }
+  }
+}
+
+TEST(DataLoader, TwoReplicasCoverEveryIndexOncePlusPadding) {
+  const int64_t n = 23;
+  std::multiset<int64_t> seen;
+  size_t padding = 0;
+  for (size_t rank = 0; rank < 2; ++rank) {
+    DataLoader loader(
+        range_dataset(n),
+        {.batch_size = 5, .shuffle = true, .seed = 9, .num_replicas = 2, .rank = rank});
+    loader.set_epoch(1);
+    EXPECT_EQ(loader.num_samples(), 12u);
+    EXPECT_EQ(loader.size(), 3u);
+    auto batches = pass(loader);
+    EXPECT_EQ(batches.back().size(), 2u);
+    for (const auto& b : batches) seen.insert(b.begin(), b.end());
+    padding += loader.num_padding_samples();
+    EXPECT_EQ(loader.num_padding_samples(), rank == 1 ? 1u : 0u);
+  }
+  EXPECT_EQ(seen.size(), 24u);
+  EXPECT_EQ(padding, 1u);
+  for (int64_t i = 0; i < n; ++i) EXPECT_GE(seen.count(i), 1u) << i;
+  EXPECT_EQ(std::set<int64_t>(seen.begin(), seen.end()).size(), static_cast<size_t>(n));
+
+  // drop_last: no padding, 11 samples each, and no index twice.
+  std::set<int64_t> unique;
+  for (size_t rank = 0; rank < 2; ++rank) {
+    DataLoader loader(
+        range_dataset(n),
+        {.batch_size = 5, .shuffle = true, .drop_last = true, .num_replicas = 2, .rank = rank});
+    EXPECT_EQ(loader.num_samples(), 11u);
+    EXPECT_EQ(loader.size(), 2u);
+    EXPECT_EQ(loader.num_padding_samples(), 0u);
+    for (const auto& b : pass(loader)) unique.insert(b.begin(), b.end());
+  }
+  EXPECT_EQ(unique.size(), 20u);
+}
+
+TEST(DataLoader, EpochsChangeTheShuffleOrder) {
+  DataLoader loader(range_dataset(20), {.batch_size = 4, .shuffle = true, .seed = 5});
+  auto first = pass(loader);
+  EXPECT_EQ(pass(loader), first);  // same epoch, same order (PyTorch's rule)
+  loader.set_epoch(1);
+  EXPECT_NE(pass(loader), first);
+  DataLoader plain(range_dataset(5), {.batch_size = 2});
+  EXPECT_EQ(pass(plain), (std::vector<std::vector<int64_t>>{{0, 1}, {2, 3}, {4}}));
+}
+
+TEST(DataLoader, ResumesMidEpochWithExactlyTheRemainingBatches) {
+  const DataLoaderOptions options{.batch_size = 3, .shuffle = true, .seed = 11};
+  DataLoader full(range_dataset(20), options);
+  full.set_epoch(2);
+  const auto all = pass(full);
+  ASSERT_EQ(all.size(), 7u);
+
+  DataLoader interrupted(range_dataset(20), options);
+  interrupted.set_epoch(2);
+  nlohmann::json saved;
+  size_t seen = 0;
+  for (const Batch& batch : interrupted) {
+    (void)batch;
+    if (++seen == 3) {
+      saved = interrupted.state();  // saved inside the loop body, after the 3rd batch's step
+      break;
+    }
+  }
+  EXPECT_EQ(saved, nlohmann::json({{"epoch", 2}, {"batches_yielded", 3}}));
+
+  DataLoader resumed(range_dataset(20), options);
+  resumed.load_state(saved.get<DataLoaderState>());
+  resumed.set_epoch(2);  // a training loop's usual call keeps the position
+  EXPECT_EQ(pass(resumed), std::vector<std::vector<int64_t>>(all.begin() + 3, all.end()));
+  EXPECT_EQ(resumed.state(), (DataLoaderState{2, 0}));  // a finished pass restarts the epoch
+  EXPECT_EQ(pass(resumed), all);
+
+  // The interrupted loader itself continues where it stopped, too.
+  EXPECT_EQ(pass(interrupted), std::vector<std::vector<int64_t>>(all.begin() + 3, all.end()));
+
+  // Saved after the last batch: nothing left of that epoch.
+  DataLoader at_end(range_dataset(20), options);
+  at_end.load_state({2, 7});
+  EXPECT_TRUE(pass(at_end).empty());
+}
+
+TEST(DataLoader, StateErrorsAreClear) {
+  DataLoader loader(range_dataset(10), {.batch_size = 4});
+  EXPECT_TRUE(has(error_of([&] {
+                    loader.load_state({0, 4});
+                  }),
+                  "DataLoader::load_state: batches_yielded 4 out of range [0, 3]"));
+  EXPECT_TRUE(has(error_of([] {
+                    nlohmann::json{{"epoch", 1}}.get<DataLoaderState>();
+                  }),
+                  "DataLoaderState: expected an integer 'batches_yielded' in {\"epoch\":1}"));
+}
+
+TEST(DataLoader, WorkersYieldTheSameOrder) {
+  auto ds = range_dataset(37);
+  DataLoader serial(ds, {.batch_size = 4, .shuffle = true, .seed = 3});
+  const auto expected = pass(serial);
+  for (size_t workers : {1, 2, 3}) {
+    for (size_t prefetch : {1, 2}) {
+      SCOPED_TRACE(std::to_string(workers) + " workers, prefetch " + std::to_string(prefetch));
+      DataLoader loader(ds, {.batch_size = 4,
+                             .shuffle = true,
+                             .seed = 3,
+                             .num_workers = workers,
+                             .prefetch_factor = prefetch});
+      EXPECT_EQ(pass(loader), expected);
+      EXPECT_EQ(pass(loader), expected);
+      // Abandoned after two batches: the workers stop, and resuming continues in order.
+      size_t taken = 0;
+      for (const Batch& batch : loader) {
+        (void)batch;
+        if (++taken == 2) break;
+      }
+      EXPECT_EQ(pass(loader),
+                std::vector<std::vector<int64_t>>(expected.begin() + 2, expected.end()));
+    }
+  }
+}
+
+// Fails on one index, as a corrupt sample would.
+class FailingDataset : public Dataset {
+ public:
+  size_t size() const override { return 10; }
+  Example get(size_t index) const override {
+    TORCH_CHECK(index != 6, "bad sample ", index);
+    return {{"index", torch::tensor(static_cast<int64_t>(index))}};
+  }
+};
+
+TEST(DataLoader, ErrorsFromWorkersReachTheCaller) {
+  for (size_t workers : {0, 2}) {
+    SCOPED_TRACE(std::to_string(workers) + " workers");
+    DataLoader loader(std::make_shared<FailingDataset>(),
+                      {.batch_size = 2, .num_workers = workers});
+    size_t batches = 0;
+    const auto error = error_of([&] {
+      for (const Batch& batch : loader) {
+        (void)batch;
+        ++batches;
+      }
+    });
+    EXPECT_TRUE(has(error, "bad sample 6")) << error;
+    EXPECT_EQ(batches, 3u);
+    EXPECT_EQ(loader.state().batches_yielded, 3);
+  }
+}
+
+TEST(DataLoader, UserCollateAndDefaultCollate) {
+  DataLoader loader(range_dataset(6), {.batch_size = 4}, [](const std::vector<Example>& examples) {
+    Batch batch = collate(examples);
+    batch["count"] = torch::tensor(static_cast<int64_t>(examples.size()));
+    return batch;
+  });
+  std::vector<int64_t> counts;
+  for (const Batch& batch : loader) {
+    counts.push_back(batch.at("count").item<int64_t>());
+    EXPECT_EQ(batch.at("x").dim(), 2);  // (B, 1)
+  }
+  EXPECT_EQ(counts, (std::vector<int64_t>{4, 2}));
+}
+
+TEST(DataLoader, BadOptionsAreAClearError) {
+  EXPECT_TRUE(has(error_of([] { DataLoader(range_dataset(4), {.batch_size = 0}); }),
+                  "DataLoader: invalid batch_size 0 (expected > 0)"));
+  EXPECT_TRUE(has(error_of([] { DataLoader(range_dataset(4), {.num_replicas = 2, .rank = 2}); }),
+                  "DataLoader: invalid rank 2, rank should be in the interval [0, 1]"));
+  EXPECT_TRUE(has(error_of([] { DataLoader(nullptr); }), "DataLoader: no dataset given"));
+}
+
+}  // namespace
