@@ -1,0 +1,365 @@
+#include "mixprec/models/gpt2.h"
+
+#include "mixprec/io/safetensors.h"
+
+#include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
+#include <c10/util/Exception.h>
+#include <nlohmann/json.hpp>
+
+#include <cmath>
+#include <fstream>
+#include <numbers>
+#include <set>
+#include <sstream>
+
+namespace mixprec::models {
+
+namespace {
+
+using nlohmann::json;
+
+std::string in_file(const std::filesystem::path& path) {
+  return "config.json '" + path.string() + "': ";
+}
+
+int64_t required_int(const json& j, const char* key, const std::filesystem::path& path) {
+  TORCH_CHECK(j.contains(key), in_file(path), "missing key '", key,
+              "' (expected a positive integer)");
+  const auto& v = j[key];
+  TORCH_CHECK(v.is_number_integer(), in_file(path), "key '", key, "' is ", v.dump(),
+              ", expected a positive integer");
+  return v.get<int64_t>();
+}
+
+double optional_number(const json& j, const char* key, double fallback,
+                       const std::filesystem::path& path) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j[key];
+  TORCH_CHECK(v.is_number(), in_file(path), "key '", key, "' is ", v.dump(), ", expected a number");
+  return v.get<double>();
+}
+
+// An HF option this model does not implement must hold its default value (or be absent).
+void expect_default(const json& j, const char* key, const json& value,
+                    const std::filesystem::path& path) {
+  if (!j.contains(key)) return;
+  TORCH_CHECK(j[key] == value, in_file(path), "key '", key, "' is ", j[key].dump(), ", but only ",
+              value.dump(), " is supported");
+}
+
+// HF's NewGELUActivation, op for op, so that 16-bit results round as in Python.
+torch::Tensor gelu_new(const torch::Tensor& x) {
+  const double k = std::sqrt(2.0 / std::numbers::pi);
+  return 0.5 * x * (1.0 + at::tanh(k * (x + 0.044715 * at::pow(x, 3.0))));
+}
+
+std::string shape_of(at::IntArrayRef sizes) {
+  std::ostringstream s;
+  s << sizes;
+  return s.str();
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// GPT2Config
+
+GPT2Config GPT2Config::from_json_file(const std::filesystem::path& path) {
+  std::ifstream file(path);
+  TORCH_CHECK(file, in_file(path), "cannot open for reading");
+  json j;
+  try {
+    j = json::parse(file);
+  } catch (const json::parse_error& e) {
+    TORCH_CHECK(false, in_file(path), "not valid JSON: ", e.what());
+  }
+  TORCH_CHECK(j.is_object(), in_file(path), "not a JSON object but ", j.type_name());
+  if (j.contains("model_type"))
+    TORCH_CHECK(j["model_type"] == "gpt2", in_file(path), "model_type is ", j["model_type"].dump(),
+                ", expected \"gpt2\"");
+  GPT2Config c;
+  c.vocab_size = required_int(j, "vocab_size", path);
+  c.n_positions = required_int(j, "n_positions", path);
+  c.n_embd = required_int(j, "n_embd", path);
+  c.n_layer = required_int(j, "n_layer", path);
+  c.n_head = required_int(j, "n_head", path);
+  c.layer_norm_epsilon = optional_number(j, "layer_norm_epsilon", c.layer_norm_epsilon, path);
+  c.resid_pdrop = optional_number(j, "resid_pdrop", c.resid_pdrop, path);
+  c.embd_pdrop = optional_number(j, "embd_pdrop", c.embd_pdrop, path);
+  c.attn_pdrop = optional_number(j, "attn_pdrop", c.attn_pdrop, path);
+  if (j.contains("activation_function")) {
+    TORCH_CHECK(j["activation_function"].is_string(), in_file(path),
+                "key 'activation_function' is ", j["activation_function"].dump(),
+                ", expected a string");
+    c.activation_function = j["activation_function"].get<std::string>();
+  }
+  expect_default(j, "tie_word_embeddings", true, path);
+  expect_default(j, "scale_attn_weights", true, path);
+  expect_default(j, "scale_attn_by_inverse_layer_idx", false, path);
+  expect_default(j, "reorder_and_upcast_attn", false, path);
+  expect_default(j, "add_cross_attention", false, path);
+  if (j.contains("n_inner") && !j["n_inner"].is_null())
+    expect_default(j, "n_inner", 4 * c.n_embd, path);
+  try {
+    c.validate();
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, in_file(path), e.what_without_backtrace());
+  }
+  return c;
+}
+
+void GPT2Config::save_json_file(const std::filesystem::path& path) const {
+  validate();
+  const json j = {
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"model_type", "gpt2"},
+      {"activation_function", activation_function},
+      {"attn_pdrop", attn_pdrop},
+      {"embd_pdrop", embd_pdrop},
+      {"resid_pdrop", resid_pdrop},
+      {"layer_norm_epsilon", layer_norm_epsilon},
+      {"n_embd", n_embd},
+      {"n_head", n_head},
+      {"n_inner", nullptr},
+      {"n_layer", n_layer},
+      {"n_positions", n_positions},
+      {"vocab_size", vocab_size},
+      {"scale_attn_weights", true},
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"reorder_and_upcast_attn", false},
+      {"tie_word_embeddings", true},
+  };
+  // Atomic, like the weights: write path.tmp, then rename.
+  auto tmp = path;
+  tmp += ".tmp";
+  {
+    std::ofstream out(tmp);
+    out << j.dump(2) << "\n";
+    out.flush();
+    TORCH_CHECK(out, in_file(tmp), "write failed");
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  TORCH_CHECK(!ec, in_file(path), "cannot rename ", tmp.string(), " to it: ", ec.message());
+}
+
+void GPT2Config::validate() const {
+  for (auto [name, value] : {std::pair{"vocab_size", vocab_size},
+                             {"n_positions", n_positions},
+                             {"n_embd", n_embd},
+                             {"n_layer", n_layer},
+                             {"n_head", n_head}})
+    TORCH_CHECK(value > 0, "Invalid ", name, ": ", value, " (expected > 0)");
+  TORCH_CHECK(n_embd % n_head == 0, "Invalid n_embd ", n_embd, ": not divisible by n_head ",
+              n_head);
+  TORCH_CHECK(layer_norm_epsilon > 0, "Invalid layer_norm_epsilon: ", layer_norm_epsilon,
+              " (expected > 0)");
+  for (auto [name, p] : {std::pair{"resid_pdrop", resid_pdrop},
+                         {"embd_pdrop", embd_pdrop},
+                         {"attn_pdrop", attn_pdrop}})
+    TORCH_CHECK(p >= 0 && p < 1, "Invalid ", name, ": ", p, " (expected in [0, 1))");
+  TORCH_CHECK(activation_function == "gelu_new" || activation_function == "gelu_pytorch_tanh",
+              "Invalid activation_function: '", activation_function,
+              "' (expected 'gelu_new' or 'gelu_pytorch_tanh')");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Modules
+
+Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
+  weight = register_parameter("weight", torch::empty({in_features, out_features}));
+  bias = register_parameter("bias", torch::zeros({out_features}));
+  torch::nn::init::normal_(weight, 0.0, 0.02);
+}
+
+torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = weight.size(1);
+  return at::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(sizes);
+}
+
+GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& config)
+    : n_head_(config.n_head), attn_pdrop_(config.attn_pdrop) {
+  c_attn = register_module("c_attn", Conv1D(config.n_embd, 3 * config.n_embd));
+  c_proj = register_module("c_proj", Conv1D(config.n_embd, config.n_embd));
+  resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.resid_pdrop));
+}
+
+torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
+  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
+  auto qkv = c_attn(x).split(C, /*dim=*/2);  // 3 x (B, T, C)
+  auto heads = [&](const torch::Tensor& t) {
+    return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // (B, nh, T, hd)
+  };
+  auto y = at::scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
+                                            /*attn_mask=*/{},
+                                            /*dropout_p=*/is_training() ? attn_pdrop_ : 0.0,
+                                            /*is_causal=*/true);  // (B, nh, T, hd)
+  y = y.transpose(1, 2).reshape({B, T, C});
+  return resid_dropout(c_proj(y));
+}
+
+GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& config) : activation_(config.activation_function) {
+  c_fc = register_module("c_fc", Conv1D(config.n_embd, 4 * config.n_embd));
+  c_proj = register_module("c_proj", Conv1D(4 * config.n_embd, config.n_embd));
+  dropout = register_module("dropout", torch::nn::Dropout(config.resid_pdrop));
+}
+
+torch::Tensor GPT2MLPImpl::forward(const torch::Tensor& x) {
+  auto h = c_fc(x);  // (B, T, 4C)
+  h = activation_ == "gelu_new" ? gelu_new(h) : at::gelu(h, "tanh");
+  return dropout(c_proj(h));
+}
+
+GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& config) {
+  auto ln = torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon);
+  ln_1 = register_module("ln_1", torch::nn::LayerNorm(ln));
+  attn = register_module("attn", GPT2Attention(config));
+  ln_2 = register_module("ln_2", torch::nn::LayerNorm(ln));
+  mlp = register_module("mlp", GPT2MLP(config));
+}
+
+torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x) {
+  auto h = x + attn(ln_1(x));
+  return h + mlp(ln_2(h));
+}
+
+GPT2ModelImpl::GPT2ModelImpl(const GPT2Config& config) : n_positions_(config.n_positions) {
+  wte = register_module("wte", torch::nn::Embedding(config.vocab_size, config.n_embd));
+  wpe = register_module("wpe", torch::nn::Embedding(config.n_positions, config.n_embd));
+  drop = register_module("drop", torch::nn::Dropout(config.embd_pdrop));
+  h = register_module("h", torch::nn::ModuleList());
+  for (int64_t i = 0; i < config.n_layer; ++i) h->push_back(GPT2Block(config));
+  ln_f = register_module(
+      "ln_f", torch::nn::LayerNorm(
+                  torch::nn::LayerNormOptions({config.n_embd}).eps(config.layer_norm_epsilon)));
+}
+
+torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids) {
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == at::kLong,
+              "GPT-2: input_ids must be (B, T) int64, got ", input_ids.scalar_type(), " of shape ",
+              input_ids.sizes());
+  const int64_t T = input_ids.size(1);
+  TORCH_CHECK(T >= 1 && T <= n_positions_, "GPT-2: sequence length ", T,
+              " is outside [1, n_positions = ", n_positions_, "]");
+  auto pos = torch::arange(T, input_ids.options());  // (T)
+  auto x = drop(wte(input_ids) + wpe(pos));          // (B, T, C)
+  for (const auto& block : *h) x = block->as<GPT2Block>()->forward(x);
+  return ln_f(x);
+}
+
+GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config) : config_(std::move(config)) {
+  config_.validate();
+  transformer = register_module("transformer", GPT2Model(config_));
+  // HF's _init_weights: N(0, 0.02) everywhere, residual projections N(0, 0.02 / sqrt(2 L)).
+  torch::NoGradGuard no_grad;
+  for (auto& item : named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    if (name.ends_with("wte.weight") || name.ends_with("wpe.weight"))
+      p.normal_(0.0, 0.02);
+    else if (name.ends_with("c_proj.weight"))
+      p.normal_(0.0, 0.02 / std::sqrt(2.0 * config_.n_layer));
+  }
+}
+
+ModelOutput GPT2LMHeadModelImpl::forward(const torch::Tensor& input_ids,
+                                         const torch::Tensor& labels) {
+  auto x = transformer(input_ids);  // (B, T, C)
+  ModelOutput out;
+  out.logits = at::linear(x, transformer->wte->weight);  // (B, T, V), tied lm_head
+  if (labels.defined()) {
+    TORCH_CHECK(labels.sizes() == input_ids.sizes() && labels.scalar_type() == at::kLong,
+                "GPT-2: labels must be int64 of the shape of input_ids ", input_ids.sizes(),
+                ", got ", labels.scalar_type(), " of shape ", labels.sizes());
+    const int64_t T = input_ids.size(1), V = config_.vocab_size;
+    auto logits = out.logits.narrow(1, 0, T - 1).to(at::kFloat);  // (B, T-1, V)
+    auto targets = labels.narrow(1, 1, T - 1);                    // (B, T-1)
+    out.loss = at::cross_entropy_loss(logits.reshape({-1, V}), targets.reshape({-1}), {},
+                                      at::Reduction::Mean, /*ignore_index=*/-100);
+  }
+  return out;
+}
+
+torch::Tensor GPT2LMHeadModelImpl::generate(const torch::Tensor& input_ids, int64_t max_new_tokens,
+                                            const GenerateOptions& options) {
+  TORCH_CHECK(max_new_tokens >= 0, "generate: max_new_tokens is ", max_new_tokens,
+              ", expected >= 0");
+  TORCH_CHECK(input_ids.dim() == 2 && input_ids.size(1) + max_new_tokens <= config_.n_positions,
+              "generate: input length ", input_ids.sizes(), " + max_new_tokens ", max_new_tokens,
+              " exceeds n_positions = ", config_.n_positions);
+  if (options.do_sample) {
+    TORCH_CHECK(options.temperature > 0, "generate: temperature is ", options.temperature,
+                ", expected > 0");
+    TORCH_CHECK(options.top_k >= 0, "generate: top_k is ", options.top_k, ", expected >= 0");
+  }
+  std::optional<at::Generator> generator;
+  if (options.seed) generator = at::make_generator<at::CPUGeneratorImpl>(*options.seed);
+  torch::NoGradGuard no_grad;
+  auto ids = input_ids;  // (B, T)
+  for (int64_t i = 0; i < max_new_tokens; ++i) {
+    // Without a KV cache each step reruns the whole prefix: fine for tests and small models.
+    auto logits = forward(ids).logits.select(1, -1).to(at::kFloat);  // (B, V)
+    torch::Tensor next;                                              // (B, 1)
+    if (!options.do_sample) {
+      next = logits.argmax(-1, /*keepdim=*/true);
+    } else {
+      logits = logits / options.temperature;
+      if (options.top_k > 0 && options.top_k < logits.size(-1)) {
+        auto kth = std::get<0>(logits.topk(options.top_k)).narrow(-1, options.top_k - 1, 1);
+        logits = logits.masked_fill(logits < kth, -std::numeric_limits<float>::infinity());
+      }
+      next = at::multinomial(logits.softmax(-1), 1, /*replacement=*/false, generator);
+    }
+    ids = at::cat({ids, next.to(ids.device())}, 1);
+  }
+  return ids;
+}
+
+void GPT2LMHeadModelImpl::save_pretrained(const std::filesystem::path& dir) const {
+  std::filesystem::create_directories(dir);
+  config_.save_json_file(dir / "config.json");
+  std::map<std::string, at::Tensor> tensors;
+  for (const auto& item : named_parameters()) tensors.emplace(item.key(), item.value().detach());
+  io::save_safetensors(dir / "model.safetensors", tensors, {{"format", "pt"}});
+}
+
+GPT2LMHeadModel GPT2LMHeadModel::from_pretrained(const std::filesystem::path& dir) {
+  GPT2LMHeadModel model(GPT2Config::from_json_file(dir / "config.json"));
+  const auto file = dir / "model.safetensors";
+  auto tensors = io::load_safetensors(file);
+  const std::string at = "from_pretrained: '" + file.string() + "': ";
+  std::set<std::string> used;
+  torch::NoGradGuard no_grad;
+  for (auto& item : model->named_parameters()) {
+    const std::string& name = item.key();
+    at::Tensor& p = item.value();
+    auto it = tensors.find(name);
+    if (it == tensors.end()) it = tensors.find(name.substr(std::string("transformer.").size()));
+    TORCH_CHECK(it != tensors.end(), at, "missing tensor '", name, "' (expected shape ",
+                shape_of(p.sizes()), ")");
+    TORCH_CHECK(it->second.sizes() == p.sizes(), at, "tensor '", it->first, "' has shape ",
+                shape_of(it->second.sizes()), ", but the config needs ", shape_of(p.sizes()));
+    TORCH_CHECK(at::isFloatingType(it->second.scalar_type()), at, "tensor '", it->first,
+                "' has dtype ", it->second.scalar_type(), ", expected a floating type");
+    p.copy_(it->second);
+    used.insert(it->first);
+  }
+  for (const auto& [name, t] : tensors) {
+    if (used.count(name)) continue;
+    // The tied head (HF drops it when saving, older files keep it) and old mask buffers.
+    if (name == "lm_head.weight") {
+      TORCH_CHECK(t.sizes() == model->transformer->wte->weight.sizes(), at,
+                  "tensor 'lm_head.weight' has shape ", shape_of(t.sizes()),
+                  ", but the config needs ", shape_of(model->transformer->wte->weight.sizes()));
+      continue;
+    }
+    if (name.ends_with(".attn.bias") || name.ends_with(".attn.masked_bias")) continue;
+    TORCH_CHECK(false, at, "unexpected tensor '", name, "' of shape ", shape_of(t.sizes()),
+                " (not a GPT2LMHeadModel parameter)");
+  }
+  return model;
+}
+
+}  // namespace mixprec::models

@@ -1,0 +1,282 @@
+#include "mixprec/models/gpt2.h"
+
+#include "mixprec/amp/autocast.h"
+#include "mixprec/io/safetensors.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+
+#include <unistd.h>
+
+namespace {
+
+namespace fs = std::filesystem;
+using mixprec::models::GPT2Config;
+using mixprec::models::GPT2LMHeadModel;
+using nlohmann::json;
+
+const fs::path kTiny = fs::path(MIXPREC_REFERENCE_DIR) / "gpt2_tiny";
+const fs::path kScript = fs::path(MIXPREC_REFERENCE_DIR).parent_path() / "gpt2_reference.py";
+
+// Tolerances against transformers 5.24 on the same inputs (|logits| < 1 here, mean 0.14).
+// fp32: same ops in the same order; what is left is summation order inside kernels.
+constexpr double kFp32Tol = 1e-5;
+// Under autocast the GEMMs run in 16 bits. The op sequence is HF's (addmm, SDPA, NewGELU op for
+// op), so on this machine the logits agree to the bit; the tolerances leave 4 ulps of a logit
+// in [0.5, 1) for a kernel that rounds differently elsewhere: bf16 keeps 8 significant bits
+// (ulp 2^-8 there), fp16 11 (ulp 2^-11). The loss is computed in fp32 from those logits.
+constexpr double kBf16Tol = 1.6e-2;
+constexpr double kFp16Tol = 2e-3;
+constexpr double kBf16LossTol = 1e-3;
+constexpr double kFp16LossTol = 1e-4;
+
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const c10::Error& e) {
+    return e.what_without_backtrace();
+  }
+  return "<no error>";
+}
+
+#define EXPECT_ERROR(statement, part)                                   \
+  do {                                                                  \
+    const std::string e_ = error_of([&] { statement; });                \
+    EXPECT_NE(e_.find(part), std::string::npos) << "error was: " << e_; \
+  } while (0)
+
+const json& reference() {
+  static const json j = json::parse(std::ifstream(kTiny / "reference.json"));
+  return j;
+}
+
+torch::Tensor tensor_of(const json& j, torch::Dtype dtype) {
+  std::vector<int64_t> shape;
+  for (const json* p = &j; p->is_array(); p = &(*p)[0]) shape.push_back(p->size());
+  std::vector<double> values;
+  std::function<void(const json&)> walk = [&](const json& x) {
+    if (x.is_array())
+      for (const auto& y : x) walk(y);
+    else
+      values.push_back(x.get<double>());
+  };
+  walk(j);
+  return torch::tensor(values, torch::kDouble).reshape(shape).to(dtype);
+}
+
+class GPT2 : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() /
+           ("mixprec_models_" + std::to_string(::getpid()) + "_" +
+            ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A copy of gpt2_tiny with config.json edited by `edit`.
+  fs::path tiny_with_config(const std::function<void(json&)>& edit) {
+    auto config = json::parse(std::ifstream(kTiny / "config.json"));
+    edit(config);
+    std::ofstream(dir_ / "config.json") << config.dump();
+    fs::copy_file(kTiny / "model.safetensors", dir_ / "model.safetensors",
+                  fs::copy_options::overwrite_existing);
+    return dir_;
+  }
+
+  // A copy of gpt2_tiny with its tensors edited by `edit`.
+  fs::path tiny_with_tensors(const std::function<void(std::map<std::string, at::Tensor>&)>& edit) {
+    auto tensors = mixprec::io::load_safetensors(kTiny / "model.safetensors");
+    edit(tensors);
+    mixprec::io::save_safetensors(dir_ / "model.safetensors", tensors);
+    fs::copy_file(kTiny / "config.json", dir_ / "config.json",
+                  fs::copy_options::overwrite_existing);
+    return dir_;
+  }
+
+  fs::path dir_;
+};
+
+struct Parity {
+  double max_logit_diff;
+  double loss_diff;
+  torch::Dtype logits_dtype;
+};
+
+Parity parity(GPT2LMHeadModel& model, const std::string& mode) {
+  const auto& ref = reference();
+  auto input_ids = tensor_of(ref["input_ids"], torch::kLong);
+  auto labels = tensor_of(ref["labels"], torch::kLong);
+  torch::NoGradGuard no_grad;
+  mixprec::models::ModelOutput out;
+  if (mode == "fp32") {
+    out = model->forward(input_ids, labels);
+  } else {
+    mixprec::amp::Autocast autocast(torch::kCPU, mode == "bf16" ? torch::kBFloat16 : torch::kHalf);
+    out = model->forward(input_ids, labels);
+  }
+  const int64_t slice = ref["logit_slice"].get<int64_t>();
+  auto expected = tensor_of(ref[mode]["logits"], torch::kDouble);
+  auto got = out.logits.narrow(-1, 0, slice).to(torch::kDouble);
+  return {(got - expected).abs().max().item<double>(),
+          std::abs(out.loss.item<double>() - ref[mode]["loss"].get<double>()),
+          out.logits.scalar_type()};
+}
+
+TEST_F(GPT2, Fp32MatchesTransformers) {
+  auto model = GPT2LMHeadModel::from_pretrained(kTiny);
+  model->eval();
+  auto p = parity(model, "fp32");
+  EXPECT_LE(p.max_logit_diff, kFp32Tol);
+  EXPECT_LE(p.loss_diff, kFp32Tol);
+  EXPECT_EQ(p.logits_dtype, torch::kFloat);
+}
+
+TEST_F(GPT2, Bf16AutocastMatchesTransformers) {
+  auto model = GPT2LMHeadModel::from_pretrained(kTiny);
+  model->eval();
+  auto p = parity(model, "bf16");
+  std::cout << "bf16: max |logits diff| " << p.max_logit_diff << ", |loss diff| " << p.loss_diff
+            << "\n";
+  EXPECT_LE(p.max_logit_diff, kBf16Tol);
+  EXPECT_LE(p.loss_diff, kBf16LossTol);
+  EXPECT_EQ(p.logits_dtype, torch::kBFloat16);
+}
+
+TEST_F(GPT2, Fp16AutocastMatchesTransformers) {
+  auto model = GPT2LMHeadModel::from_pretrained(kTiny);
+  model->eval();
+  auto p = parity(model, "fp16");
+  std::cout << "fp16: max |logits diff| " << p.max_logit_diff << ", |loss diff| " << p.loss_diff
+            << "\n";
+  EXPECT_LE(p.max_logit_diff, kFp16Tol);
+  EXPECT_LE(p.loss_diff, kFp16LossTol);
+  EXPECT_EQ(p.logits_dtype, torch::kHalf);
+}
+
+TEST_F(GPT2, GreedyGenerateMatchesTransformers) {
+  auto model = GPT2LMHeadModel::from_pretrained(kTiny);
+  model->eval();
+  const auto& gen = reference()["generate"];
+  auto expected = tensor_of(gen["greedy"], torch::kLong);
+  auto prompt = tensor_of(reference()["input_ids"], torch::kLong)
+                    .narrow(1, 0, gen["prompt_len"].get<int64_t>());
+  auto got = model->generate(prompt, gen["max_new_tokens"].get<int64_t>());
+  EXPECT_TRUE(torch::equal(got, expected)) << got << "\n" << expected;
+}
+
+TEST_F(GPT2, SamplingIsSeededAndStaysInTopK) {
+  auto model = GPT2LMHeadModel::from_pretrained(kTiny);
+  model->eval();
+  auto prompt = tensor_of(reference()["input_ids"], torch::kLong).narrow(1, 0, 4);
+  mixprec::models::GenerateOptions options{
+      .do_sample = true, .top_k = 5, .temperature = 0.7, .seed = 42};
+  auto a = model->generate(prompt, 6, options);
+  auto b = model->generate(prompt, 6, options);
+  EXPECT_TRUE(torch::equal(a, b));
+  EXPECT_EQ(a.sizes(), (std::vector<int64_t>{2, 10}));
+  // The first new token is one of the 5 most likely after the prompt.
+  torch::NoGradGuard no_grad;
+  auto top5 = std::get<1>(model->forward(prompt).logits.select(1, -1).topk(5));  // (B, 5)
+  EXPECT_TRUE((top5 == a.select(1, 4).unsqueeze(1)).any(1).all().item<bool>());
+}
+
+TEST_F(GPT2, SavePretrainedLoadsInTransformers) {
+  auto model = GPT2LMHeadModel::from_pretrained(kTiny);
+  model->save_pretrained(dir_ / "saved");
+  EXPECT_FALSE(fs::exists(dir_ / "saved" / "model.safetensors.tmp"));
+  auto again = GPT2LMHeadModel::from_pretrained(dir_ / "saved");
+  again->eval();
+  EXPECT_LE(parity(again, "fp32").max_logit_diff, kFp32Tol);
+  const std::string command = std::string(MIXPREC_PYTHON) + " " + kScript.string() +
+                              " --verify-saved " + (dir_ / "saved").string() + " " + kTiny.string();
+  EXPECT_EQ(std::system(command.c_str()), 0) << command;
+}
+
+TEST_F(GPT2, TrainsWithDropoutOnlyInTrainMode) {
+  GPT2Config config{.vocab_size = 32, .n_positions = 16, .n_embd = 16, .n_layer = 1, .n_head = 2};
+  torch::manual_seed(0);
+  GPT2LMHeadModel model(config);
+  auto ids = torch::randint(0, 32, {2, 8});
+  model->eval();
+  EXPECT_TRUE(torch::equal(model->forward(ids).logits, model->forward(ids).logits));
+  EXPECT_FALSE(model->forward(ids).loss.defined());
+  model->train();
+  EXPECT_FALSE(torch::equal(model->forward(ids).logits, model->forward(ids).logits));
+  auto out = model->forward(ids, ids);
+  EXPECT_NEAR(out.loss.item<double>(), std::log(32.0), 0.5);  // near uniform at init
+  out.loss.backward();
+  EXPECT_TRUE(model->transformer->wte->weight.grad().defined());
+  // Tied head: named_parameters holds the embedding once, no lm_head.
+  for (const auto& p : model->named_parameters())
+    EXPECT_EQ(p.key().find("lm_head"), std::string::npos);
+}
+
+TEST_F(GPT2, BadConfigsAreClearErrors) {
+  EXPECT_ERROR(GPT2Config::from_json_file(dir_ / "none.json"), "cannot open for reading");
+  EXPECT_ERROR(
+      GPT2LMHeadModel::from_pretrained(tiny_with_config([](json& c) { c.erase("n_embd"); })),
+      "missing key 'n_embd' (expected a positive integer)");
+  EXPECT_ERROR(
+      GPT2LMHeadModel::from_pretrained(tiny_with_config([](json& c) { c["n_head"] = "4"; })),
+      "key 'n_head' is \"4\", expected a positive integer");
+  EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(tiny_with_config([](json& c) { c["n_head"] = 5; })),
+               "Invalid n_embd 64: not divisible by n_head 5");
+  EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(
+                   tiny_with_config([](json& c) { c["activation_function"] = "relu"; })),
+               "Invalid activation_function: 'relu'");
+  EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(
+                   tiny_with_config([](json& c) { c["tie_word_embeddings"] = false; })),
+               "key 'tie_word_embeddings' is false, but only true is supported");
+  EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(
+                   tiny_with_config([](json& c) { c["model_type"] = "llama"; })),
+               "model_type is \"llama\", expected \"gpt2\"");
+  const auto e = error_of([&] { GPT2Config::from_json_file(dir_ / "config.json"); });
+  EXPECT_NE(e.find("config.json '" + (dir_ / "config.json").string() + "'"), std::string::npos)
+      << e;
+}
+
+TEST_F(GPT2, BadCheckpointsNameTheKeyAndShapes) {
+  EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(
+                   tiny_with_tensors([](auto& t) { t.erase("transformer.h.1.mlp.c_fc.weight"); })),
+               "missing tensor 'transformer.h.1.mlp.c_fc.weight' (expected shape [64, 256])");
+  EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(tiny_with_tensors([](auto& t) {
+                 t["transformer.h.0.attn.c_attn.weight"] = torch::zeros({192, 64});
+               })),
+               "tensor 'transformer.h.0.attn.c_attn.weight' has shape [192, 64], but the config "
+               "needs [64, 192]");
+  EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(tiny_with_tensors(
+                   [](auto& t) { t["transformer.h.2.ln_1.weight"] = torch::ones({64}); })),
+               "unexpected tensor 'transformer.h.2.ln_1.weight' of shape [64]");
+  // GPT2Model checkpoints (no "transformer." prefix) and an explicit tied head load.
+  auto model = GPT2LMHeadModel::from_pretrained(tiny_with_tensors([](auto& t) {
+    std::map<std::string, at::Tensor> bare;
+    for (auto& [k, v] : t) bare[k.substr(std::string("transformer.").size())] = v;
+    bare["lm_head.weight"] = bare.at("wte.weight");
+    t = bare;
+  }));
+  model->eval();
+  EXPECT_LE(parity(model, "fp32").max_logit_diff, kFp32Tol);
+}
+
+TEST_F(GPT2, RejectsBadInputs) {
+  GPT2Config config{.vocab_size = 32, .n_positions = 8, .n_embd = 16, .n_layer = 1, .n_head = 2};
+  GPT2LMHeadModel model(config);
+  EXPECT_ERROR(model->forward(torch::zeros({2, 9}, torch::kLong)),
+               "sequence length 9 is outside [1, n_positions = 8]");
+  EXPECT_ERROR(model->forward(torch::zeros({2, 4})), "input_ids must be (B, T) int64");
+  EXPECT_ERROR(
+      model->forward(torch::zeros({2, 4}, torch::kLong), torch::zeros({2, 3}, torch::kLong)),
+      "labels must be int64 of the shape of input_ids");
+  EXPECT_ERROR(model->generate(torch::zeros({1, 4}, torch::kLong), 5), "exceeds n_positions = 8");
+  EXPECT_ERROR(GPT2LMHeadModel(GPT2Config{.n_embd = 10, .n_head = 3}), "not divisible by n_head 3");
+}
+
+}  // namespace

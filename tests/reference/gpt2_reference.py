@@ -1,0 +1,140 @@
+#!/usr/bin/env python3
+"""Reference GPT-2 for tests/models/gpt2_test.cpp: a tiny transformers GPT2LMHeadModel (random
+init, fixed seed) saved with save_pretrained, and its logits, losses and greedy generation for
+fixed input ids in fp32 and under torch.autocast('cpu', bfloat16 / float16).
+
+    python3 tests/reference/gpt2_reference.py tests/reference/data/gpt2_tiny          # write
+    python3 tests/reference/gpt2_reference.py --check tests/reference/data/gpt2_tiny  # compare
+    python3 tests/reference/gpt2_reference.py --verify-saved DIR REF_DIR
+
+--verify-saved is what the C++ test runs on a folder that GPT2LMHeadModel::save_pretrained
+wrote: transformers must load it and give the stored fp32 logits.
+"""
+import argparse
+import json
+import os
+import sys
+import tempfile
+
+import torch
+import transformers
+from safetensors.torch import load_file
+from transformers import GPT2Config, GPT2LMHeadModel
+
+SEED = 1234
+VOCAB = 256
+LOGIT_SLICE = 64  # logits[:, :, :64] are stored, enough to catch any wrong layer
+GENERATE_PROMPT_LEN = 5
+GENERATE_NEW_TOKENS = 8
+FP32_TOL = 1e-5
+
+
+def inputs():
+    g = torch.Generator().manual_seed(SEED + 1)
+    input_ids = torch.randint(0, VOCAB, (2, 12), generator=g)
+    labels = input_ids.clone()
+    labels[0, 4] = -100  # ignored positions, as HF's collators produce
+    labels[1, -3:] = -100
+    return input_ids, labels
+
+
+def make_model():
+    torch.manual_seed(SEED)
+    config = GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=VOCAB, n_positions=64)
+    return GPT2LMHeadModel(config).eval()
+
+
+def load(path):
+    model = GPT2LMHeadModel.from_pretrained(path, attn_implementation="sdpa").eval()
+    return model
+
+
+def run(model, dtype):
+    input_ids, labels = inputs()
+    with torch.no_grad(), torch.autocast("cpu", dtype=dtype, enabled=dtype != torch.float32):
+        out = model(input_ids, labels=labels)
+    return {"logits": out.logits.float()[:, :, :LOGIT_SLICE].tolist(), "loss": out.loss.item(),
+            "logits_dtype": str(out.logits.dtype).replace("torch.", "")}
+
+
+def reference(path):
+    model = load(path)
+    input_ids, labels = inputs()
+    prompt = input_ids[:, :GENERATE_PROMPT_LEN]
+    with torch.no_grad():
+        greedy = model.generate(prompt, max_new_tokens=GENERATE_NEW_TOKENS, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)
+    return {
+        "versions": {"torch": torch.__version__.split("+")[0],
+                     "transformers": transformers.__version__},
+        "input_ids": input_ids.tolist(),
+        "labels": labels.tolist(),
+        "logit_slice": LOGIT_SLICE,
+        "fp32": run(model, torch.float32),
+        "bf16": run(model, torch.bfloat16),
+        "fp16": run(model, torch.float16),
+        "generate": {"prompt_len": GENERATE_PROMPT_LEN, "max_new_tokens": GENERATE_NEW_TOKENS,
+                     "greedy": greedy.tolist()},
+    }
+
+
+def write(out_dir):
+    os.makedirs(out_dir, exist_ok=True)
+    make_model().save_pretrained(out_dir)
+    text = json.dumps(reference(out_dir), indent=1, sort_keys=True) + "\n"
+    with open(os.path.join(out_dir, "reference.json"), "w") as f:
+        f.write(text)
+
+
+def check(stored_dir):
+    with tempfile.TemporaryDirectory() as tmp:
+        write(tmp)
+        problems = []
+        fresh, stored = load_file(f"{tmp}/model.safetensors"), load_file(
+            f"{stored_dir}/model.safetensors")
+        if sorted(fresh) != sorted(stored) or any(not torch.equal(fresh[k], stored[k])
+                                                  for k in fresh):
+            problems.append("model.safetensors differs")
+        for name in ["config.json", "reference.json"]:
+            a, b = (json.load(open(os.path.join(d, name))) for d in (tmp, stored_dir))
+            if a != b:
+                problems.append(f"{name} differs")
+    for p in problems:
+        print(f"{stored_dir}: {p}; regenerate it with {sys.argv[0]} {stored_dir}")
+    if not problems:
+        print(f"{stored_dir} matches torch {torch.__version__}, "
+              f"transformers {transformers.__version__}")
+    return 1 if problems else 0
+
+
+def verify_saved(saved_dir, ref_dir):
+    ref = json.load(open(os.path.join(ref_dir, "reference.json")))
+    got = run(load(saved_dir), torch.float32)
+    diff = (torch.tensor(got["logits"]) - torch.tensor(ref["fp32"]["logits"])).abs().max().item()
+    loss_diff = abs(got["loss"] - ref["fp32"]["loss"])
+    print(f"{saved_dir}: transformers loads it; max |logits - reference| = {diff:.3g}, "
+          f"|loss - reference| = {loss_diff:.3g} (tolerance {FP32_TOL})")
+    return 0 if diff <= FP32_TOL and loss_diff <= FP32_TOL else 1
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("dir", nargs="?", help="where to write the model and reference.json")
+    parser.add_argument("--check", help="compare with this folder instead of writing")
+    parser.add_argument("--verify-saved", nargs=2, metavar=("DIR", "REF_DIR"))
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    transformers.logging.set_verbosity_error()
+    transformers.logging.disable_progress_bar()
+    if args.verify_saved:
+        return verify_saved(*args.verify_saved)
+    if args.check:
+        return check(args.check)
+    if not args.dir:
+        parser.error("give a folder, --check or --verify-saved")
+    write(args.dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
