@@ -1,0 +1,93 @@
+#pragma once
+
+#include "mixprec/train/training_args.h"
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mixprec::train {
+
+using Metrics = std::map<std::string, double>;
+
+/// `transformers.TrainerState`: where training stands; saved as
+/// trainer_state.json in every checkpoint, in HF's format (TrainerState.load_from_json reads it).
+struct TrainerState {
+  double epoch = 0;
+  int64_t global_step = 0;
+  int64_t max_steps = 0;
+  int64_t logging_steps = 500;
+  int64_t eval_steps = 500;
+  int64_t save_steps = 500;
+  std::optional<int64_t> train_batch_size = std::nullopt;
+  int64_t num_train_epochs = 0;
+  int64_t num_input_tokens_seen = 0;
+  double total_flos = 0;
+  /// Each entry: the logged values plus "step" (and "epoch").
+  std::vector<Metrics> log_history = {};
+  std::optional<double> best_metric = std::nullopt;
+  std::optional<int64_t> best_global_step = std::nullopt;
+  std::optional<std::string> best_model_checkpoint = std::nullopt;
+  bool is_local_process_zero = true;
+  bool is_world_process_zero = true;
+
+  std::string to_json() const;
+  /// Reads trainer_state.json; `source` names it in errors.
+  static TrainerState from_json(const std::string& text, const std::string& source);
+};
+
+/// `transformers.TrainerControl`: flags callbacks set to steer the loop.
+struct TrainerControl {
+  bool should_training_stop = false;
+  bool should_epoch_stop = false;
+  bool should_save = false;
+  bool should_evaluate = false;
+  bool should_log = false;
+};
+
+/// `transformers.TrainerCallback`: hooks on the Trainer's events; each may
+/// change `control`.
+class TrainerCallback {
+ public:
+  virtual ~TrainerCallback() = default;
+  virtual void on_init_end(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_train_begin(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_train_end(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_epoch_begin(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_epoch_end(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_step_begin(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_pre_optimizer_step(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_optimizer_step(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_substep_end(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_step_end(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_evaluate(const TrainingArguments&, TrainerState&, TrainerControl&,
+                           const Metrics& /*metrics*/) {}
+  virtual void on_predict(const TrainingArguments&, TrainerState&, TrainerControl&,
+                          const Metrics& /*metrics*/) {}
+  virtual void on_save(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+  virtual void on_log(const TrainingArguments&, TrainerState&, TrainerControl&,
+                      const Metrics& /*logs*/) {}
+  virtual void on_prediction_step(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+};
+
+/// `transformers.EarlyStoppingCallback`: stops training when the metric for
+/// the best model has not improved by more than `threshold` for `patience`
+/// evaluations. Needs metric_for_best_model and an eval strategy.
+class EarlyStoppingCallback : public TrainerCallback {
+ public:
+  explicit EarlyStoppingCallback(int64_t patience = 1, double threshold = 0.0)
+      : patience_(patience), threshold_(threshold) {}
+  void on_train_begin(const TrainingArguments& args, TrainerState&, TrainerControl&) override;
+  void on_evaluate(const TrainingArguments& args, TrainerState& state, TrainerControl& control,
+                   const Metrics& metrics) override;
+  int64_t patience_counter() const { return counter_; }
+
+ private:
+  int64_t patience_;
+  double threshold_;
+  int64_t counter_ = 0;
+};
+
+}  // namespace mixprec::train

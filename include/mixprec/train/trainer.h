@@ -1,0 +1,125 @@
+#pragma once
+
+#include "mixprec/accelerate/accelerator.h"
+#include "mixprec/data/dataloader.h"
+#include "mixprec/models/model_output.h"
+#include "mixprec/train/callbacks.h"
+#include "mixprec/train/training_args.h"
+
+#include <functional>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace mixprec::train {
+
+/// What compute_metrics gets: the model's logits and the labels of the whole
+/// evaluation set, concatenated along dim 0 (other dims padded with -100 where
+/// batches differ, as HF does).
+struct EvalPrediction {
+  at::Tensor predictions;
+  at::Tensor label_ids;
+};
+using ComputeMetrics = std::function<Metrics(const EvalPrediction&)>;
+
+struct TrainOutput {
+  int64_t global_step = 0;
+  double training_loss = 0;
+  Metrics
+      metrics;  // train_runtime, train_samples_per_second, train_steps_per_second, train_loss, ...
+};
+
+struct PredictionOutput {
+  at::Tensor predictions;
+  at::Tensor label_ids;
+  Metrics metrics;  // test_loss, test_<metric>, ...
+};
+
+/// How the Trainer runs a model on a batch. A model whose `forward(batch)`
+/// takes the batch gets it; otherwise `forward(input_ids, labels)` (HF's
+/// contract, e.g. GPT2LMHeadModel).
+using BatchForward = std::function<models::ModelOutput(const data::Batch&)>;
+
+template <typename M>
+BatchForward forward_on_batches(M model) {
+  if constexpr (requires(const data::Batch& b) {
+                  { model->forward(b) } -> std::convertible_to<models::ModelOutput>;
+                }) {
+    return [model](const data::Batch& b) mutable { return model->forward(b); };
+  } else {
+    return [model](const data::Batch& b) mutable -> models::ModelOutput {
+      auto labels = b.find("labels");
+      return model->forward(b.at("input_ids"), labels == b.end() ? at::Tensor() : labels->second);
+    };
+  }
+}
+
+/// `transformers.Trainer`: trains `model` on `train_dataset` as `args` say,
+/// through an Accelerator (mixed precision, accumulation, clipping, data
+/// parallel under torchrun), with evaluation, logging, checkpoints and
+/// callbacks on HF's schedule.
+///
+/// ```
+/// mixprec::TrainingArguments args;
+/// args.output_dir = "results"; args.eval_strategy = "epoch"; args.fp16 = true;
+/// mixprec::Trainer trainer(model, args, train, validation, accuracy);
+/// trainer.train();
+/// ```
+///
+/// Checkpoints are `output_dir/checkpoint-N/`: model.safetensors,
+/// optimizer/scheduler/scaler/RNG state (safetensors + JSON, no pickle),
+/// trainer_state.json and training_args.json in HF's format.
+class Trainer {
+ public:
+  template <accelerate::ModuleHandle M>
+  Trainer(M model, TrainingArguments args, data::DatasetPtr train_dataset,
+          data::DatasetPtr eval_dataset = nullptr, ComputeMetrics compute_metrics = {},
+          std::vector<std::shared_ptr<TrainerCallback>> callbacks = {},
+          data::CollateFn data_collator = {})
+      : Trainer(module_of(model), forward_on_batches(model), std::move(args),
+                std::move(train_dataset), std::move(eval_dataset), std::move(compute_metrics),
+                std::move(callbacks), std::move(data_collator)) {}
+
+  Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward, TrainingArguments args,
+          data::DatasetPtr train_dataset, data::DatasetPtr eval_dataset,
+          ComputeMetrics compute_metrics, std::vector<std::shared_ptr<TrainerCallback>> callbacks,
+          data::CollateFn data_collator);
+  ~Trainer();
+
+  /// Trains; `resume_from_checkpoint` (or args.resume_from_checkpoint) is a
+  /// checkpoint folder to continue from exactly where it was saved.
+  TrainOutput train(std::optional<std::string> resume_from_checkpoint = std::nullopt);
+  /// Loss and compute_metrics on `eval_dataset` (the constructor's by
+  /// default), prefixed "eval_".
+  Metrics evaluate(data::DatasetPtr eval_dataset = nullptr);
+  PredictionOutput predict(data::DatasetPtr test_dataset);
+
+  void add_callback(std::shared_ptr<TrainerCallback> callback);
+  /// Writes a checkpoint of the current state into output_dir/checkpoint-<global_step>.
+  void save_checkpoint();
+
+  const TrainingArguments& args() const { return args_; }
+  const TrainerState& state() const { return state_; }
+  accelerate::Accelerator& accelerator() { return *accelerator_; }
+
+ private:
+  template <typename M>
+  static std::shared_ptr<torch::nn::Module> module_of(const M& model) {
+    if constexpr (requires { model.ptr(); })
+      return model.ptr();
+    else
+      return model;
+  }
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+  TrainingArguments args_;
+  TrainerState state_;
+  std::shared_ptr<accelerate::Accelerator> accelerator_;
+};
+
+}  // namespace mixprec::train
+
+namespace mixprec {
+using train::Trainer;
+}  // namespace mixprec

@@ -1,0 +1,519 @@
+#include "mixprec/train/trainer.h"
+
+#include "mixprec/io/checkpoint.h"
+#include "mixprec/log/progress.h"
+#include "mixprec/optim/adamw.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/nn/modules/normalization.h>
+#include <torch/optim/sgd.h>
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <regex>
+
+namespace mixprec::train {
+
+namespace fs = std::filesystem;
+using json = nlohmann::json;
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point start) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// HF's `*_steps` below 1 are a ratio of max_steps.
+int64_t absolute_steps(double steps, int64_t max_steps) {
+  return steps < 1 ? static_cast<int64_t>(std::ceil(steps * max_steps))
+                   : static_cast<int64_t>(steps);
+}
+
+// Concatenates along dim 0, padding the other dims with -100 where they
+// differ (HF's nested_concat with padding_index -100).
+at::Tensor concat_padded(const std::vector<at::Tensor>& parts) {
+  if (parts.empty()) return {};
+  auto shape = parts.front().sizes().vec();
+  for (const auto& p : parts)
+    for (size_t d = 1; d < shape.size(); ++d) shape[d] = std::max(shape[d], p.size(d));
+  std::vector<at::Tensor> padded;
+  for (const auto& p : parts) {
+    if (p.sizes().slice(1) == c10::IntArrayRef(shape).slice(1)) {
+      padded.push_back(p);
+      continue;
+    }
+    auto full_shape = shape;
+    full_shape[0] = p.size(0);
+    auto out = at::full(full_shape, -100, p.options());
+    std::vector<at::indexing::TensorIndex> index;
+    for (int64_t d = 0; d < p.dim(); ++d) index.emplace_back(at::indexing::Slice(0, p.size(d)));
+    out.index_put_(index, p);
+    padded.push_back(out);
+  }
+  return at::cat(padded, 0);
+}
+
+// The decayed parameters: all but biases and LayerNorm weights (HF's
+// get_decay_parameter_names).
+std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> split_decay(torch::nn::Module& module) {
+  std::set<const c10::TensorImpl*> no_decay;
+  for (const auto& item : module.named_modules()) {
+    const bool norm = item.value()->as<torch::nn::LayerNorm>() != nullptr;
+    for (const auto& p : item.value()->named_parameters(/*recurse=*/false))
+      if (norm || p.key().find("bias") != std::string::npos)
+        no_decay.insert(p.value().unsafeGetTensorImpl());
+  }
+  std::vector<at::Tensor> decay, other;
+  for (const auto& p : module.parameters()) {
+    if (!p.requires_grad()) continue;
+    (no_decay.count(p.unsafeGetTensorImpl()) ? other : decay).push_back(p);
+  }
+  return {decay, other};
+}
+
+// Where the train loader stands, saved with each checkpoint.
+struct DataPosition : accelerate::Checkpointable {
+  data::DataLoaderState state;
+  std::string state_dict() const override { return json(state).dump(); }
+  void load_state_dict(const std::string& text) override {
+    state = json::parse(text).get<data::DataLoaderState>();
+  }
+};
+
+}  // namespace
+
+struct Trainer::Impl {
+  std::shared_ptr<torch::nn::Module> module;
+  BatchForward forward;
+  data::DatasetPtr train_dataset, eval_dataset;
+  ComputeMetrics compute_metrics;
+  std::vector<std::shared_ptr<TrainerCallback>> callbacks;
+  data::CollateFn collate;
+  TrainerControl control;
+  bool in_train = false;
+
+  template <typename Event>
+  void call(const TrainingArguments& args, TrainerState& state, Event event) {
+    for (auto& cb : callbacks) event(*cb, args, state, control);
+  }
+};
+
+Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward,
+                 TrainingArguments args, data::DatasetPtr train_dataset,
+                 data::DatasetPtr eval_dataset, ComputeMetrics compute_metrics,
+                 std::vector<std::shared_ptr<TrainerCallback>> callbacks,
+                 data::CollateFn data_collator)
+    : impl_(std::make_unique<Impl>()), args_(std::move(args)) {
+  args_.validate();
+  TORCH_CHECK(module, "Trainer: no model");
+  impl_->module = std::move(module);
+  impl_->forward = std::move(forward);
+  impl_->train_dataset = std::move(train_dataset);
+  impl_->eval_dataset = std::move(eval_dataset);
+  impl_->compute_metrics = std::move(compute_metrics);
+  impl_->callbacks = std::move(callbacks);
+  impl_->collate =
+      data_collator
+          ? std::move(data_collator)
+          : data::CollateFn([](const std::vector<data::Example>& e) { return data::collate(e); });
+  TORCH_CHECK(args_.eval_strategy == "no" || impl_->eval_dataset, "Trainer: eval_strategy is \"",
+              args_.eval_strategy, "\" but no eval_dataset was given");
+  accelerator_ = std::make_shared<accelerate::Accelerator>(accelerate::AcceleratorOptions{
+      .mixed_precision = args_.fp16 ? "fp16" : (args_.bf16 ? "bf16" : "no"),
+      .gradient_accumulation_steps = args_.gradient_accumulation_steps,
+      .cpu = args_.use_cpu,
+      .log_with = args_.report_to,
+      .project_dir = args_.output_dir});
+  state_.is_local_process_zero = accelerator_->is_local_main_process();
+  state_.is_world_process_zero = accelerator_->is_main_process();
+  impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_init_end(a, s, c); });
+}
+
+Trainer::~Trainer() = default;
+
+void Trainer::add_callback(std::shared_ptr<TrainerCallback> callback) {
+  impl_->callbacks.push_back(std::move(callback));
+}
+
+TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
+  auto& acc = *accelerator_;
+  auto& impl = *impl_;
+  TORCH_CHECK(impl.train_dataset, "Trainer::train: no train_dataset");
+  if (!resume_from_checkpoint) resume_from_checkpoint = args_.resume_from_checkpoint;
+  if (!resume_from_checkpoint && !args_.overwrite_output_dir && fs::exists(args_.output_dir)) {
+    for (const auto& entry : fs::directory_iterator(args_.output_dir))
+      TORCH_CHECK(
+          !entry.path().filename().string().starts_with("checkpoint-"),
+          "Trainer: ", args_.output_dir, " already holds checkpoints (",
+          entry.path().filename().string(),
+          "); pass resume_from_checkpoint to continue, or overwrite_output_dir to start over");
+  }
+  accelerate::set_seed(static_cast<uint64_t>(args_.seed));
+
+  data::DataLoader loader(impl.train_dataset,
+                          {.batch_size = static_cast<size_t>(args_.per_device_train_batch_size),
+                           .shuffle = true,
+                           .seed = static_cast<uint64_t>(args_.data_seed.value_or(args_.seed)),
+                           .drop_last = args_.dataloader_drop_last,
+                           .num_workers = static_cast<size_t>(args_.dataloader_num_workers),
+                           .num_replicas = static_cast<size_t>(acc.num_processes()),
+                           .rank = static_cast<size_t>(acc.process_index())},
+                          impl.collate);
+  const int64_t batches_per_epoch = static_cast<int64_t>(loader.size());
+  TORCH_CHECK(batches_per_epoch > 0, "Trainer: the train dataset gives no batch of ",
+              args_.per_device_train_batch_size, " samples");
+  // A last window shorter than gradient_accumulation_steps still updates.
+  const int64_t updates_per_epoch =
+      std::max<int64_t>((batches_per_epoch + args_.gradient_accumulation_steps - 1) /
+                            args_.gradient_accumulation_steps,
+                        1);
+  const int64_t max_steps =
+      args_.max_steps > 0
+          ? args_.max_steps
+          : static_cast<int64_t>(std::ceil(args_.num_train_epochs * updates_per_epoch));
+  const int64_t num_epochs = args_.max_steps > 0
+                                 ? (max_steps + updates_per_epoch - 1) / updates_per_epoch
+                                 : static_cast<int64_t>(std::ceil(args_.num_train_epochs));
+
+  // The optimizer and schedule of args, on the trained parameters.
+  auto [decay, no_decay] = split_decay(*impl.module);
+  std::vector<torch::optim::OptimizerParamGroup> groups;
+  std::unique_ptr<torch::optim::Optimizer> optimizer;
+  if (args_.optim == "sgd") {
+    groups.emplace_back(
+        decay, std::make_unique<torch::optim::SGDOptions>(
+                   torch::optim::SGDOptions(args_.learning_rate).weight_decay(args_.weight_decay)));
+    groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(args_.learning_rate));
+    optimizer =
+        std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(args_.learning_rate));
+  } else {
+    auto options = optim::AdamWOptions(args_.learning_rate)
+                       .betas({args_.adam_beta1, args_.adam_beta2})
+                       .eps(args_.adam_epsilon)
+                       .fused(args_.optim == "adamw_torch_fused");
+    groups.emplace_back(decay, std::make_unique<optim::AdamWOptions>(
+                                   optim::AdamWOptions(options).weight_decay(args_.weight_decay)));
+    groups.emplace_back(no_decay, std::make_unique<optim::AdamWOptions>(
+                                      optim::AdamWOptions(options).weight_decay(0.0)));
+    optimizer = std::make_unique<optim::AdamW>(groups, options);
+  }
+  auto schedule =
+      optim::get_scheduler(args_.lr_scheduler_type, *optimizer,
+                           {.num_warmup_steps = absolute_steps(args_.warmup_steps, max_steps),
+                            .num_training_steps = max_steps});
+  auto prepared = acc.prepare(impl.module);
+  auto accelerated = acc.prepare(*optimizer);
+  auto scheduler = acc.prepare(schedule);
+  DataPosition position;
+  acc.register_for_checkpointing(position);
+
+  state_ = TrainerState{};
+  state_.max_steps = max_steps;
+  state_.num_train_epochs = num_epochs;
+  state_.logging_steps = absolute_steps(args_.logging_steps, max_steps);
+  state_.eval_steps = absolute_steps(args_.eval_steps.value_or(args_.logging_steps), max_steps);
+  state_.save_steps = absolute_steps(args_.save_steps, max_steps);
+  state_.train_batch_size = args_.per_device_train_batch_size;
+  state_.is_local_process_zero = acc.is_local_main_process();
+  state_.is_world_process_zero = acc.is_main_process();
+  if (resume_from_checkpoint) {
+    acc.load_state(*resume_from_checkpoint);
+    const auto file = fs::path(*resume_from_checkpoint) / "trainer_state.json";
+    state_ = TrainerState::from_json(io::read_file(file), file.string());
+    loader.load_state(position.state);
+  }
+  acc.init_trackers(args_.run_name.value_or("runs"));
+
+  impl.in_train = true;
+  impl.control = {};
+  impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_begin(a, s, c); });
+  log::ProgressBar progress(
+      max_steps, "train",
+      {.enabled = args_.disable_tqdm ? std::optional<bool>(!*args_.disable_tqdm) : std::nullopt});
+  progress.update(state_.global_step);
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t start_step = state_.global_step;
+  at::Tensor loss_since_log = at::zeros({});
+  int64_t last_logged_step = state_.global_step;
+  double total_loss = 0;
+  double last_grad_norm = NAN;
+
+  auto log = [&](Metrics logs) {
+    logs["epoch"] = state_.epoch;
+    Metrics entry = logs;
+    entry["step"] = static_cast<double>(state_.global_step);
+    state_.log_history.push_back(entry);
+    acc.log(logs, state_.global_step);
+    impl.call(args_, state_,
+              [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_log(a, s, c, logs); });
+  };
+  auto maybe_log_save_evaluate = [&] {
+    if (impl.control.should_log && state_.global_step > last_logged_step) {
+      const double loss = acc.reduce(loss_since_log, "mean").item<double>() /
+                          static_cast<double>(state_.global_step - last_logged_step);
+      total_loss += loss * static_cast<double>(state_.global_step - last_logged_step);
+      loss_since_log.zero_();
+      last_logged_step = state_.global_step;
+      Metrics logs{{"loss", loss}, {"learning_rate", scheduler.get_last_lr()[0]}};
+      if (!std::isnan(last_grad_norm)) logs["grad_norm"] = last_grad_norm;
+      if (acc.scaler()) logs["loss_scale"] = acc.scaler()->get_scale();
+      log(logs);
+      char postfix[64];
+      std::snprintf(postfix, sizeof(postfix), "loss=%.4g", loss);
+      progress.set_postfix(postfix);
+    }
+    if (impl.control.should_evaluate) {
+      const Metrics metrics = evaluate();
+      if (args_.metric_for_best_model) {
+        std::string name = *args_.metric_for_best_model;
+        if (!name.starts_with("eval_")) name = "eval_" + name;
+        auto it = metrics.find(name);
+        TORCH_CHECK(it != metrics.end(), "Trainer: metric_for_best_model '", name,
+                    "' is not among the evaluation metrics");
+        const bool greater = args_.greater_is_better.value_or(true);
+        if (!state_.best_metric ||
+            (greater ? it->second > *state_.best_metric : it->second < *state_.best_metric)) {
+          state_.best_metric = it->second;
+          state_.best_global_step = state_.global_step;
+          if (args_.save_strategy == "best") impl.control.should_save = true;
+        }
+      }
+    }
+    if (impl.control.should_save) save_checkpoint();
+    impl.control.should_log = impl.control.should_evaluate = impl.control.should_save = false;
+  };
+
+  for (int64_t epoch = loader.epoch(); epoch < num_epochs && !impl.control.should_training_stop;
+       ++epoch) {
+    loader.set_epoch(epoch);
+    impl.call(args_, state_,
+              [](auto& cb, auto& a, auto& s, auto& c) { cb.on_epoch_begin(a, s, c); });
+    int64_t step_in_epoch = loader.state().batches_yielded;
+    for (const data::Batch& batch : loader) {
+      if (step_in_epoch % args_.gradient_accumulation_steps == 0)
+        impl.call(args_, state_,
+                  [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_begin(a, s, c); });
+      // The last batches of an epoch that do not fill an accumulation window still update.
+      acc.gradient_state().end_of_dataloader = step_in_epoch + 1 == batches_per_epoch;
+      auto guard = acc.accumulate();
+      data::Batch on_device;
+      for (const auto& [key, t] : batch) on_device[key] = t.to(acc.device());
+      impl.module->train();
+      const models::ModelOutput out = prepared.run([&] { return impl.forward(on_device); });
+      TORCH_CHECK(out.loss.defined(),
+                  "Trainer: the model returned no loss; does the batch hold "
+                  "labels? (its keys: ",
+                  c10::Join(", ",
+                            [&] {
+                              std::vector<std::string> keys;
+                              for (const auto& [k, v] : batch) keys.push_back(k);
+                              return keys;
+                            }()),
+                  ")");
+      acc.backward(out.loss);
+      loss_since_log += out.loss.detach().to(at::kFloat).cpu() / args_.gradient_accumulation_steps;
+      ++step_in_epoch;
+      if (acc.sync_gradients()) {
+        if (args_.max_grad_norm > 0)
+          last_grad_norm = acc.clip_grad_norm_(impl.module->parameters(), args_.max_grad_norm);
+        impl.call(args_, state_,
+                  [](auto& cb, auto& a, auto& s, auto& c) { cb.on_pre_optimizer_step(a, s, c); });
+        accelerated.step();
+        impl.call(args_, state_,
+                  [](auto& cb, auto& a, auto& s, auto& c) { cb.on_optimizer_step(a, s, c); });
+        scheduler.step();
+        accelerated.zero_grad();
+        ++state_.global_step;
+        state_.epoch = static_cast<double>(epoch) +
+                       static_cast<double>(step_in_epoch) / static_cast<double>(batches_per_epoch);
+        position.state = {epoch, step_in_epoch};
+        progress.update();
+        // HF's DefaultFlowCallback: what this step does by the strategies.
+        auto& c = impl.control;
+        c.should_log |= (state_.global_step == 1 && args_.logging_first_step) ||
+                        (args_.logging_strategy == "steps" && state_.logging_steps > 0 &&
+                         state_.global_step % state_.logging_steps == 0);
+        c.should_evaluate |= args_.eval_strategy == "steps" && state_.eval_steps > 0 &&
+                             state_.global_step % state_.eval_steps == 0;
+        c.should_save |= args_.save_strategy == "steps" && state_.save_steps > 0 &&
+                         state_.global_step % state_.save_steps == 0;
+        if (state_.global_step >= max_steps) {
+          c.should_training_stop = true;
+          c.should_save |= args_.save_strategy != "no" && args_.save_strategy != "best";
+        }
+        impl.call(args_, state_,
+                  [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_end(a, s, c); });
+        maybe_log_save_evaluate();
+      } else {
+        impl.call(args_, state_,
+                  [](auto& cb, auto& a, auto& s, auto& c) { cb.on_substep_end(a, s, c); });
+      }
+      if (impl.control.should_epoch_stop || impl.control.should_training_stop) break;
+    }
+    acc.gradient_state().end_of_dataloader = false;
+    position.state = {epoch + 1, 0};
+    auto& c = impl.control;
+    c.should_log |= args_.logging_strategy == "epoch";
+    c.should_evaluate |= args_.eval_strategy == "epoch";
+    c.should_save |= args_.save_strategy == "epoch";
+    impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_epoch_end(a, s, c); });
+    maybe_log_save_evaluate();
+    c.should_epoch_stop = false;
+  }
+  progress.close();
+  impl.in_train = false;
+
+  if (args_.load_best_model_at_end && state_.best_model_checkpoint) {
+    const auto file = fs::path(*state_.best_model_checkpoint) / "model.safetensors";
+    io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
+  }
+  // What was not logged yet counts in the average loss.
+  const int64_t unlogged = state_.global_step - last_logged_step;
+  if (unlogged > 0) total_loss += acc.reduce(loss_since_log, "mean").item<double>();
+  const int64_t trained = state_.global_step - start_step;
+  const double runtime = seconds_since(start);
+  const double train_loss = trained > 0 ? total_loss / static_cast<double>(trained) : 0.0;
+  const int64_t samples = trained * args_.per_device_train_batch_size *
+                          args_.gradient_accumulation_steps * acc.num_processes();
+  TrainOutput output{state_.global_step,
+                     train_loss,
+                     {{"train_runtime", runtime},
+                      {"train_samples_per_second", samples / runtime},
+                      {"train_steps_per_second", static_cast<double>(trained) / runtime},
+                      {"total_flos", state_.total_flos},
+                      {"train_loss", train_loss}}};
+  log(output.metrics);
+  impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_end(a, s, c); });
+  acc.end_training();
+  return output;
+}
+
+void Trainer::save_checkpoint() {
+  auto& acc = *accelerator_;
+  const fs::path dir =
+      fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step));
+  if (acc.is_main_process()) fs::create_directories(args_.output_dir);
+  if (args_.metric_for_best_model && state_.best_global_step == state_.global_step)
+    state_.best_model_checkpoint = dir.string();
+  acc.save_state(dir.string(), {{"trainer_state.json", state_.to_json()},
+                                {"training_args.json", args_.to_json()}});
+  impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_save(a, s, c); });
+  if (!args_.save_total_limit || !acc.is_main_process()) return;
+  // Rotation: the oldest go first, never the best one (HF's _rotate_checkpoints).
+  std::vector<std::pair<int64_t, fs::path>> checkpoints;
+  const std::regex name("checkpoint-([0-9]+)");
+  for (const auto& entry : fs::directory_iterator(args_.output_dir)) {
+    std::smatch m;
+    const std::string filename = entry.path().filename().string();
+    if (entry.is_directory() && std::regex_match(filename, m, name))
+      checkpoints.emplace_back(std::stoll(m[1]), entry.path());
+  }
+  std::sort(checkpoints.begin(), checkpoints.end());
+  if (state_.best_model_checkpoint) {
+    auto best = std::find_if(checkpoints.begin(), checkpoints.end(), [&](const auto& c) {
+      return c.second == fs::path(*state_.best_model_checkpoint);
+    });
+    if (best != checkpoints.end()) std::rotate(best, best + 1, checkpoints.end());
+  }
+  int64_t limit = *args_.save_total_limit;
+  // With load_best_model_at_end, keep the best and the last.
+  if (limit == 1 && args_.load_best_model_at_end && state_.best_model_checkpoint &&
+      checkpoints.back().second == fs::path(*state_.best_model_checkpoint))
+    limit = 2;
+  const auto excess = static_cast<int64_t>(checkpoints.size()) - limit;
+  for (int64_t i = 0; i < excess; ++i) fs::remove_all(checkpoints[static_cast<size_t>(i)].second);
+}
+
+Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
+  if (!eval_dataset) eval_dataset = impl_->eval_dataset;
+  TORCH_CHECK(eval_dataset, "Trainer::evaluate: no eval_dataset");
+  auto out = predict(eval_dataset);
+  Metrics metrics;
+  for (const auto& [key, value] : out.metrics)
+    metrics["eval_" + key.substr(5)] = value;  // test_ -> eval_
+  Metrics logged = metrics;
+  logged["epoch"] = state_.epoch;
+  Metrics entry = logged;
+  entry["step"] = static_cast<double>(state_.global_step);
+  state_.log_history.push_back(entry);
+  accelerator_->log(metrics, state_.global_step);
+  impl_->call(args_, state_,
+              [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_log(a, s, c, logged); });
+  impl_->call(args_, state_,
+              [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_evaluate(a, s, c, metrics); });
+  return metrics;
+}
+
+PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
+  auto& acc = *accelerator_;
+  auto& impl = *impl_;
+  TORCH_CHECK(test_dataset, "Trainer::predict: no dataset");
+  // As HF: outside train(), *_full_eval runs the whole model in 16 bits.
+  if (!impl.in_train && (args_.fp16_full_eval || args_.bf16_full_eval))
+    impl.module->to(args_.fp16_full_eval ? at::kHalf : at::kBFloat16);
+  data::DataLoader loader(test_dataset,
+                          {.batch_size = static_cast<size_t>(args_.per_device_eval_batch_size),
+                           .drop_last = args_.dataloader_drop_last,
+                           .num_workers = static_cast<size_t>(args_.dataloader_num_workers),
+                           .num_replicas = static_cast<size_t>(acc.num_processes()),
+                           .rank = static_cast<size_t>(acc.process_index())},
+                          impl.collate);
+  const auto start = std::chrono::steady_clock::now();
+  impl.module->eval();
+  at::NoGradGuard no_grad;
+  std::vector<at::Tensor> logits, labels;
+  double loss_sum = 0;
+  int64_t samples = 0, batches = 0;
+  const size_t last = loader.size() - 1;
+  for (const data::Batch& batch : loader) {
+    data::Batch on_device;
+    for (const auto& [key, t] : batch) on_device[key] = t.to(acc.device());
+    models::ModelOutput out;
+    {
+      auto autocast = acc.autocast();
+      out = impl.forward(on_device);
+    }
+    int64_t n = on_device.begin()->second.size(0);
+    // Samples that only padded the ranks to equal shares are not counted (gather_for_metrics).
+    const int64_t valid = n - (static_cast<size_t>(batches) == last
+                                   ? static_cast<int64_t>(loader.num_padding_samples())
+                                   : 0);
+    auto mask = at::arange(n) < valid;
+    if (out.loss.defined()) {
+      // Mean loss per sample, gathered as HF repeats it over the batch.
+      const auto losses = acc.gather(
+          out.loss.detach().to(at::kFloat).cpu().reshape({1}).expand({n}).masked_fill(~mask, NAN));
+      const auto kept = losses.masked_select(~losses.isnan());
+      loss_sum += kept.sum().item<double>();
+      samples += kept.numel();
+    }
+    auto keep = acc.gather(mask.to(at::kByte)).to(at::kBool);
+    if (out.logits.defined())
+      logits.push_back(acc.gather(out.logits.detach().to(at::kFloat).cpu()).index({keep}));
+    auto label = on_device.find(args_.label_names ? args_.label_names->front() : "labels");
+    if (label != on_device.end()) labels.push_back(acc.gather(label->second.cpu()).index({keep}));
+    impl.call(args_, state_,
+              [](auto& cb, auto& a, auto& s, auto& c) { cb.on_prediction_step(a, s, c); });
+    ++batches;
+  }
+  PredictionOutput output{concat_padded(logits), concat_padded(labels), {}};
+  if (samples > 0) output.metrics["test_loss"] = loss_sum / static_cast<double>(samples);
+  if (impl.compute_metrics && output.predictions.defined() && output.label_ids.defined())
+    for (const auto& [key, value] : impl.compute_metrics({output.predictions, output.label_ids}))
+      output.metrics["test_" + key] = value;
+  const double runtime = seconds_since(start);
+  const int64_t n = output.predictions.defined() ? output.predictions.size(0) : samples;
+  output.metrics["test_runtime"] = runtime;
+  output.metrics["test_samples_per_second"] = static_cast<double>(n) / runtime;
+  output.metrics["test_steps_per_second"] = static_cast<double>(batches) / runtime;
+  if (!impl.in_train)
+    impl.call(args_, state_,
+              [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_predict(a, s, c, output.metrics); });
+  return output;
+}
+
+}  // namespace mixprec::train

@@ -1,0 +1,266 @@
+#include "mixprec/train/trainer.h"
+
+#include "mixprec/data/synthetic.h"
+#include "mixprec/io/safetensors.h"
+
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <filesystem>
+#include <nlohmann/json.hpp>
+
+namespace {
+
+namespace fs = std::filesystem;
+using mixprec::TrainingArguments;
+using mixprec::train::Metrics;
+using mixprec::train::Trainer;
+using json = nlohmann::json;
+
+// A classifier with the Trainer's contract: forward(batch) -> loss, logits.
+struct ClassifierImpl : torch::nn::Module {
+  ClassifierImpl()
+      : fc1(register_module("fc1", torch::nn::Linear(6, 32))),
+        norm(register_module("norm", torch::nn::LayerNorm(torch::nn::LayerNormOptions({32})))),
+        fc2(register_module("fc2", torch::nn::Linear(32, 3))) {}
+  mixprec::models::ModelOutput forward(const mixprec::data::Batch& batch) {
+    auto logits = fc2(torch::relu(norm(fc1(batch.at("x")))));  // (B, 3)
+    at::Tensor loss;
+    if (batch.count("labels"))
+      loss = torch::nn::functional::cross_entropy(logits, batch.at("labels"));
+    return {loss, logits};
+  }
+  torch::nn::Linear fc1;
+  torch::nn::LayerNorm norm;
+  torch::nn::Linear fc2;
+};
+TORCH_MODULE(Classifier);
+
+Metrics accuracy(const mixprec::train::EvalPrediction& p) {
+  return {
+      {"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(at::kFloat).mean().item<double>()}};
+}
+
+// One task, split: 160 samples to train on, 64 to evaluate.
+std::pair<mixprec::data::DatasetPtr, mixprec::data::DatasetPtr> datasets() {
+  auto task = mixprec::data::make_classification(
+      {.n_samples = 224, .n_features = 6, .n_classes = 3, .class_sep = 2.0, .seed = 1});
+  auto all = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"x", task.x}, {"labels", task.labels}});
+  auto parts = mixprec::data::random_split(all, {160, 64}, 0);
+  return {parts[0], parts[1]};
+}
+
+at::Tensor flat_params(torch::nn::Module& m) {
+  std::vector<at::Tensor> flat;
+  for (const auto& p : m.parameters()) flat.push_back(p.detach().reshape(-1));
+  return torch::cat(flat);
+}
+
+class TrainerTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("mixprec_trainer_" + std::to_string(getpid()));
+    fs::remove_all(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  TrainingArguments args(const std::string& name) {
+    TrainingArguments a;
+    a.output_dir = (dir_ / name).string();
+    a.per_device_train_batch_size = 16;
+    a.per_device_eval_batch_size = 32;
+    a.learning_rate = 5e-3;
+    a.num_train_epochs = 4;
+    a.eval_strategy = "epoch";
+    a.save_strategy = "epoch";
+    a.logging_strategy = "steps";
+    a.logging_steps = 5;
+    a.disable_tqdm = true;
+    a.seed = 0;
+    return a;
+  }
+  fs::path dir_;
+  mixprec::data::DatasetPtr train_ = datasets().first, eval_ = datasets().second;
+};
+
+TEST_F(TrainerTest, TrainsEvaluatesLogsAndCheckpoints) {
+  for (const char* precision : {"no", "bf16", "fp16"}) {
+    SCOPED_TRACE(precision);
+    auto a = args(std::string("run_") + precision);
+    a.fp16 = std::string(precision) == "fp16";
+    a.bf16 = std::string(precision) == "bf16";
+    a.report_to = {"jsonl"};
+    torch::manual_seed(0);
+    Classifier model;
+    Trainer trainer(model, a, train_, eval_, accuracy);
+    const Metrics before = trainer.evaluate();
+    const auto out = trainer.train();
+    const Metrics after = trainer.evaluate();
+    EXPECT_EQ(out.global_step, 40);  // 160 / 16 = 10 steps per epoch, 4 epochs
+    EXPECT_LT(after.at("eval_loss"), 0.7 * before.at("eval_loss"));
+    EXPECT_GT(after.at("eval_accuracy"), 0.8);
+    for (const char* key :
+         {"train_runtime", "train_samples_per_second", "train_steps_per_second", "train_loss"})
+      EXPECT_TRUE(out.metrics.count(key)) << key;
+    // Logged every 5 steps, evaluated every epoch, with HF's names.
+    int losses = 0, evals = 0;
+    for (const auto& entry : trainer.state().log_history) {
+      losses += entry.count("loss") && entry.count("learning_rate") && entry.count("grad_norm");
+      evals += entry.count("eval_accuracy");
+    }
+    EXPECT_EQ(losses, 8);
+    EXPECT_EQ(evals,
+              4 + 1);  // each epoch, and the call after (train() starts a new history, as HF)
+    for (int step : {10, 20, 30, 40}) {
+      const auto ckpt = fs::path(a.output_dir) / ("checkpoint-" + std::to_string(step));
+      for (const char* file : {"model.safetensors", "optimizer.safetensors", "scheduler.json",
+                               "trainer_state.json", "training_args.json", "checksums.json"})
+        EXPECT_TRUE(fs::exists(ckpt / file)) << ckpt / file;
+    }
+    EXPECT_EQ(fs::exists(fs::path(a.output_dir) / "checkpoint-40" / "scaler.json"), a.fp16);
+    EXPECT_TRUE(fs::exists(fs::path(a.output_dir) / "runs" / "log.jsonl"));
+  }
+}
+
+TEST_F(TrainerTest, TrainerStateIsReadByTransformers) {
+  auto a = args("hf_state");
+  a.metric_for_best_model = "accuracy";
+  a.num_train_epochs = 2;
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer trainer(model, a, train_, eval_, accuracy);
+  trainer.train();
+  const auto file = fs::path(a.output_dir) / "checkpoint-20" / "trainer_state.json";
+  const json read = json::parse(
+      mixprec::testing::run_reference_script("check_trainer_state.py " + file.string()));
+  EXPECT_EQ(read["global_step"], 20);
+  EXPECT_DOUBLE_EQ(read["epoch"].get<double>(), 2.0);
+  EXPECT_EQ(read["best_metric"].get<double>(), *trainer.state().best_metric);
+  EXPECT_TRUE(read["log_history"].is_array() && !read["log_history"].empty());
+  // The model file is readable by Python safetensors, with the module's names.
+  const auto model_file = mixprec::io::load_safetensors(file.parent_path() / "model.safetensors");
+  EXPECT_TRUE(model_file.count("fc1.weight") && model_file.count("norm.weight"));
+}
+
+// Stopped after epoch 2 and resumed from its checkpoint, a run ends where an
+// uninterrupted one does, bit for bit (same seed, same data order).
+TEST_F(TrainerTest, ResumeFromCheckpointMatchesAnUninterruptedRun) {
+  for (const char* precision : {"no", "fp16"}) {
+    SCOPED_TRACE(precision);
+    auto a = args(std::string("whole_") + precision);
+    a.fp16 = std::string(precision) == "fp16";
+    a.gradient_accumulation_steps = 3;  // windows that straddle epochs
+    torch::manual_seed(0);
+    Classifier whole;
+    Trainer(whole, a, train_, eval_, accuracy).train();
+
+    torch::manual_seed(5);  // other initial weights: the checkpoint must bring them back
+    Classifier resumed;
+    // After epoch 2: 10 batches an epoch make 4 steps (3 windows of 3, one of 1).
+    const auto checkpoint = fs::path(a.output_dir) / "checkpoint-8";
+    ASSERT_TRUE(fs::exists(checkpoint));
+    auto b = a;
+    b.output_dir = (dir_ / (std::string("resumed_") + precision)).string();
+    Trainer trainer(resumed, b, train_, eval_, accuracy);
+    const auto out = trainer.train(checkpoint.string());
+    EXPECT_EQ(out.global_step, 16);
+    EXPECT_TRUE(torch::equal(flat_params(*resumed), flat_params(*whole)))
+        << (flat_params(*resumed) - flat_params(*whole)).abs().max().item<double>();
+  }
+}
+
+TEST_F(TrainerTest, RotationKeepsTheBestAndLoadsItAtTheEnd) {
+  auto a = args("best");
+  a.num_train_epochs = 5;
+  a.save_total_limit = 2;
+  a.load_best_model_at_end = true;
+  a.metric_for_best_model = "accuracy";
+  a.learning_rate = 0.5;  // erratic on purpose: the best is not the last
+  a.optim = "sgd";
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer trainer(model, a, train_, eval_, accuracy);
+  trainer.train();
+  const auto& best = trainer.state().best_model_checkpoint;
+  ASSERT_TRUE(best.has_value());
+  EXPECT_TRUE(fs::exists(*best));
+  int kept = 0;
+  for (const auto& entry : fs::directory_iterator(a.output_dir))
+    kept += entry.path().filename().string().starts_with("checkpoint-");
+  EXPECT_EQ(kept, 2);
+  EXPECT_TRUE(fs::exists(fs::path(a.output_dir) / "checkpoint-50"));  // the last
+  // The model at the end is the best checkpoint's.
+  const auto saved = mixprec::io::load_safetensors(fs::path(*best) / "model.safetensors");
+  EXPECT_TRUE(torch::equal(saved.at("fc2.weight"), model->fc2->weight.detach()));
+}
+
+struct Recorder : mixprec::train::TrainerCallback {
+  std::vector<std::string> events;
+  void on_train_begin(const TrainingArguments&, mixprec::train::TrainerState&,
+                      mixprec::train::TrainerControl&) override {
+    events.push_back("train_begin");
+  }
+  void on_epoch_end(const TrainingArguments&, mixprec::train::TrainerState&,
+                    mixprec::train::TrainerControl&) override {
+    events.push_back("epoch_end");
+  }
+  void on_evaluate(const TrainingArguments&, mixprec::train::TrainerState&,
+                   mixprec::train::TrainerControl&, const Metrics&) override {
+    events.push_back("evaluate");
+  }
+  void on_save(const TrainingArguments&, mixprec::train::TrainerState&,
+               mixprec::train::TrainerControl&) override {
+    events.push_back("save");
+  }
+  void on_step_end(const TrainingArguments&, mixprec::train::TrainerState& state,
+                   mixprec::train::TrainerControl& control) override {
+    if (state.global_step == 13) control.should_training_stop = true;  // callbacks steer
+  }
+  void on_train_end(const TrainingArguments&, mixprec::train::TrainerState&,
+                    mixprec::train::TrainerControl&) override {
+    events.push_back("train_end");
+  }
+};
+
+TEST_F(TrainerTest, CallbacksSeeEventsAndCanStopTraining) {
+  auto a = args("callbacks");
+  auto recorder = std::make_shared<Recorder>();
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer trainer(model, a, train_, eval_, accuracy, {recorder});
+  EXPECT_EQ(trainer.train().global_step, 13);
+  EXPECT_EQ(recorder->events,
+            (std::vector<std::string>{"train_begin", "epoch_end", "evaluate", "save", "epoch_end",
+                                      "evaluate", "save", "train_end"}));
+}
+
+TEST_F(TrainerTest, EarlyStoppingStopsWhenTheMetricStalls) {
+  auto a = args("early");
+  a.num_train_epochs = 30;
+  a.metric_for_best_model = "loss";
+  a.learning_rate = 0.0;  // nothing improves after the first evaluation
+  auto early = std::make_shared<mixprec::train::EarlyStoppingCallback>(/*patience=*/2);
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer trainer(model, a, train_, eval_, accuracy, {early});
+  EXPECT_EQ(trainer.train().global_step, 30);  // epochs 1, 2, 3; stopped after the third
+}
+
+TEST_F(TrainerTest, ClearErrors) {
+  auto a = args("errors");
+  Classifier model;
+  EXPECT_NE(mixprec::testing::error_of([&] {
+              Trainer(model, a, train_, nullptr);
+            }).find("eval_strategy is \"epoch\" but no eval_dataset was given"),
+            std::string::npos);
+  a.eval_strategy = "no";
+  Trainer trainer(model, a, train_);
+  trainer.train();
+  Trainer again(model, a, train_);
+  EXPECT_NE(mixprec::testing::error_of([&] { again.train(); }).find("already holds checkpoints"),
+            std::string::npos);
+}
+
+}  // namespace
