@@ -134,6 +134,40 @@ TEST(BPETokenizer, MergesAsStrings) {
   }
 }
 
+// unk_token, ignore_merges and use_regex on a vocab small enough to follow by
+// hand; the expected ids are what tokenizers 0.23.3 gives for the same file.
+TEST(BPETokenizer, SmallVocabOptions) {
+  json j = {
+      {"normalizer", nullptr},
+      {"pre_tokenizer", {{"type", "ByteLevel"}, {"add_prefix_space", false}, {"use_regex", true}}},
+      {"decoder", {{"type", "ByteLevel"}}},
+      {"model",
+       {{"type", "BPE"},
+        {"unk_token", "<unk>"},
+        {"ignore_merges", false},
+        {"vocab",
+         {{"a", 0},
+          {"b", 1},
+          {"c", 2},
+          {"ab", 3},
+          {"bc", 4},
+          {"abc", 5},
+          {"\xc4\xa0", 6},
+          {"<unk>", 7},
+          {"ca", 8}}},
+        {"merges", json::array({json::array({"b", "c"}), json::array({"a", "bc"}),
+                                json::array({"a", "b"})})}}}};
+  EXPECT_EQ(BPETokenizer::from_json(j.dump()).encode("ca abc ab dd"),
+            (std::vector<int64_t>{2, 0, 6, 5, 6, 3, 6, 7, 7}));
+  EXPECT_EQ(BPETokenizer::from_json(j.dump()).decode({6, 7, 8}), " <unk>ca");
+  j["model"]["ignore_merges"] = true;  // a word that is in the vocab is taken whole
+  EXPECT_EQ(BPETokenizer::from_json(j.dump()).encode("ca abc ab dd"),
+            (std::vector<int64_t>{8, 6, 5, 6, 3, 6, 7, 7}));
+  j["model"]["ignore_merges"] = false;
+  j["pre_tokenizer"]["use_regex"] = false;  // the whole text is one word
+  EXPECT_EQ(BPETokenizer::from_json(j.dump()).encode("abc ab"), (std::vector<int64_t>{5, 6, 3}));
+}
+
 TEST(BPETokenizer, RoundTripsInvalidUtf8) {
   auto tok = BPETokenizer::from_file(kTokenizerPath);
   const std::string text = "ok \xff\xfe\xc3 \xe2\x82 end\xf0";
