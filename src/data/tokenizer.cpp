@@ -169,16 +169,20 @@ const ByteMap& byte_map() {
 
 // Leftmost match of any of `tokens` in text at or after `from`, the longest on a
 // tie (what `tokenizers` does with its Aho-Corasick LeftmostLongest matcher).
-// Returns (position, index into tokens); position == npos when none.
+// Returns (position, index into tokens); position == npos when none. `next`
+// caches each token's next occurrence across calls, so a long text is searched
+// once per token rather than once per match.
 template <typename Tokens, typename Content>
 std::pair<size_t, size_t> find_special(std::string_view text, size_t from, const Tokens& tokens,
-                                       Content content) {
-  size_t best = std::string_view::npos, which = 0;
+                                       Content content, std::vector<size_t>& next) {
+  constexpr size_t npos = std::string_view::npos, unset = npos - 1;
+  if (next.size() != tokens.size()) next.assign(tokens.size(), unset);
+  size_t best = npos, which = 0;
   for (size_t t = 0; t < tokens.size(); ++t) {
     const std::string& s = content(tokens[t]);
-    size_t pos = s.empty() ? std::string_view::npos : text.find(s, from);
-    if (pos < best || (pos == best && pos != std::string_view::npos &&
-                       s.size() > content(tokens[which]).size())) {
+    if (next[t] == unset || (next[t] != npos && next[t] < from)) next[t] = text.find(s, from);
+    size_t pos = next[t];
+    if (pos < best || (pos == best && pos != npos && s.size() > content(tokens[which]).size())) {
       best = pos;
       which = t;
     }
@@ -254,10 +258,11 @@ ByteTokenizer::ByteTokenizer(std::vector<std::string> special_tokens)
 std::vector<int64_t> ByteTokenizer::encode(std::string_view text) const {
   std::vector<int64_t> ids;
   ids.reserve(text.size());
+  std::vector<size_t> next;  // find_special's cache
   size_t i = 0;
   while (i < text.size()) {
     auto [pos, which] = find_special(
-        text, i, special_, [](const std::string& s) -> auto& { return s; });
+        text, i, special_, [](const std::string& s) -> auto& { return s; }, next);
     size_t stop = std::min(pos, text.size());
     for (; i < stop; ++i) ids.push_back(static_cast<unsigned char>(text[i]));
     if (pos == std::string_view::npos) break;
@@ -443,10 +448,11 @@ BPETokenizer BPETokenizer::from_json(std::string_view text, const std::string& s
 
 std::vector<int64_t> BPETokenizer::encode(std::string_view text) const {
   std::vector<int64_t> ids;
+  std::vector<size_t> next;  // find_special's cache
   size_t i = 0;
   while (i < text.size()) {
     auto [pos, which] = find_special(
-        text, i, added_, [](const AddedToken& a) -> auto& { return a.content; });
+        text, i, added_, [](const AddedToken& a) -> auto& { return a.content; }, next);
     size_t stop = std::min(pos, text.size());
     if (stop > i) encode_segment(text.substr(i, stop - i), ids);
     if (pos == std::string_view::npos) break;

@@ -62,6 +62,8 @@ TEST(ByteTokenizer, SpecialTokens) {
   ByteTokenizer tok({"<|endoftext|>", "<|end|>"});
   EXPECT_EQ(tok.vocab_size(), 258);
   EXPECT_EQ(tok.encode("a<|endoftext|>b<|end|>"), (std::vector<int64_t>{97, 256, 98, 257}));
+  EXPECT_EQ(tok.encode("<|end|>x<|endoftext|><|end|><|end|>y<|endoftext|>"),
+            (std::vector<int64_t>{257, 120, 256, 257, 257, 121, 256}));
   EXPECT_EQ(tok.token_to_id("<|end|>"), 257);
   EXPECT_EQ(tok.token_to_id("a"), 97);
   EXPECT_EQ(tok.token_to_id("ab"), std::nullopt);
