@@ -198,7 +198,10 @@ std::pair<size_t, size_t> find_special(std::string_view text, size_t from, const
 
 std::string shown(const json& j) {
   std::string s = j.dump();
-  return s.size() > 60 ? s.substr(0, 57) + "..." : s;
+  if (s.size() <= 60) return s;
+  size_t cut = 57;
+  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // whole UTF-8
+  return s.substr(0, cut) + "...";
 }
 
 const json& need(const json& obj, const char* key, const std::string& path,

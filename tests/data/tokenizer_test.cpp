@@ -226,6 +226,8 @@ TEST(BPETokenizer, BadInput) {
       "key 'model.merges[0]': expected \"left right\" or [\"left\", \"right\"], got 7");
   expect_load_error([](json& j) { j["model"]["vocab"]["a"] = "one"; },
                     "key 'model.vocab.a': expected an id >= 0, got \"one\"");
+  expect_load_error([](json& j) { j["model"]["type"] = std::string(55, 'x') + "\xc3\xa9xyz"; },
+                    "got \"" + std::string(55, 'x') + "...");  // é not cut in half
   expect_load_error([](json& j) { j["model"]["dropout"] = 0.1; },
                     "key 'model.dropout': unsupported: expected null, got 0.1");
   expect_load_error([](json& j) { j["added_tokens"][0]["lstrip"] = true; },
