@@ -1,6 +1,7 @@
 #include <mixprec/amp/autocast.h>
 #include <mixprec/amp/grad_scaler.h>
 #include <mixprec/data/dataloader.h>
+#include <mixprec/data/tokenizer.h>
 
 #include <ATen/ATen.h>
 
@@ -19,8 +20,10 @@ int main() {
   mixprec::data::DataLoader loader(numbers, {.batch_size = 4, .shuffle = true});
   int64_t total = 0;
   for (const auto& batch : loader) total += batch.at("x").sum().item<int64_t>();
+  const mixprec::data::ByteTokenizer tokenizer({"<|endoftext|>"});
   const bool ok = scaled.sum().item<float>() == 8.0f && scaler.get_scale() == 4.0 && total == 45 &&
-                  loader.size() == 3;
+                  loader.size() == 3 &&
+                  tokenizer.decode(tokenizer.encode("hi<|endoftext|>")) == "hi<|endoftext|>";
   std::cout << (ok ? "downstream: ok" : "downstream: wrong result") << std::endl;
   return ok ? 0 : 1;
 }
