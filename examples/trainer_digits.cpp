@@ -6,6 +6,7 @@
 //   build/examples/trainer_digits --bf16 --num_train_epochs 3 --report_to tensorboard jsonl
 //   build/examples/trainer_digits --help                # every argument and its default
 #include <mixprec/data/dataset.h>
+#include <mixprec/models/mlp_classifier.h>
 #include <mixprec/train/trainer.h>
 
 #include "digits.h"
@@ -16,17 +17,6 @@
 #include <iostream>
 
 namespace {
-
-// The Trainer's model contract: forward(batch) returns the loss and the logits.
-struct ClassifierImpl : torch::nn::Module {
-  explicit ClassifierImpl(int64_t hidden) : mlp(register_module("mlp", digits::MLP(hidden))) {}
-  mixprec::models::ModelOutput forward(const mixprec::data::Batch& batch) {
-    auto logits = mlp(batch.at("pixels"));  // (B, 10)
-    return {torch::nn::functional::cross_entropy(logits, batch.at("labels")), logits};
-  }
-  digits::MLP mlp;
-};
-TORCH_MODULE(Classifier);
 
 mixprec::data::DatasetPtr as_dataset(const digits::Dataset& d) {
   return std::make_shared<mixprec::data::TensorDataset>(
@@ -71,7 +61,8 @@ int main(int argc, char** argv) {
 
     const auto [train, validation] = digits::split(digits::load_csv("data/digits.csv"), 0);
     torch::manual_seed(static_cast<uint64_t>(args.seed));
-    Classifier model(256);
+    mixprec::models::MLPClassifier model(
+        mixprec::models::MLPClassifierOptions{.in_features = 64, .hidden = 256, .num_labels = 10});
     auto accuracy = [](const mixprec::train::EvalPrediction& p) {
       return mixprec::train::Metrics{
           {"accuracy",
