@@ -66,6 +66,58 @@ AcceleratedScheduler Accelerator::prepare_one(optim::LRScheduler& scheduler) {
   return AcceleratedScheduler(scheduler, shared_);
 }
 
+PreparedDataLoader Accelerator::prepare_data_loader(data::DatasetPtr dataset,
+                                                    data::DataLoaderOptions options,
+                                                    data::CollateFn collate) {
+  options.num_replicas = static_cast<size_t>(num_processes());
+  options.rank = static_cast<size_t>(process_index());
+  auto loader = std::make_shared<data::DataLoader>(std::move(dataset), options, std::move(collate));
+  shared_->loaders.push_back(loader);
+  return PreparedDataLoader(loader, shared_);
+}
+
+PreparedDataLoader::PreparedDataLoader(std::shared_ptr<data::DataLoader> loader,
+                                       std::shared_ptr<detail::Shared> shared)
+    : loader_(std::move(loader)), shared_(std::move(shared)) {}
+
+PreparedDataLoader::Iterator PreparedDataLoader::begin() {
+  shared_->gradient_state.end_of_dataloader = false;
+  Iterator it;
+  it.owner_ = this;
+  it.it_ = loader_->begin();
+  it.load();
+  return it;
+}
+
+PreparedDataLoader::Iterator PreparedDataLoader::end() {
+  Iterator it;
+  it.owner_ = this;
+  it.it_ = loader_->end();
+  return it;
+}
+
+PreparedDataLoader::Iterator& PreparedDataLoader::Iterator::operator++() {
+  ++it_;
+  load();
+  return *this;
+}
+
+// Takes the batch the loader is at, onto the device, and tells the gradient
+// state whether it is the last one.
+void PreparedDataLoader::Iterator::load() {
+  auto& state = owner_->shared_->gradient_state;
+  if (it_ == owner_->loader_->end()) {
+    batch_.clear();
+    return;
+  }
+  batch_.clear();
+  for (const auto& [key, t] : *it_) batch_[key] = t.to(owner_->shared_->device);
+  const auto position = owner_->loader_->state().batches_yielded;
+  state.end_of_dataloader = position == static_cast<int64_t>(owner_->loader_->size());
+  state.remainder =
+      state.end_of_dataloader ? static_cast<int64_t>(owner_->loader_->num_padding_samples()) : 0;
+}
+
 void Accelerator::register_for_checkpointing(Checkpointable& object) {
   shared_->custom_objects.push_back(&object);
 }
@@ -118,6 +170,8 @@ void Accelerator::save_state(const std::string& dir,
     for (size_t i = 0; i < shared_->custom_objects.size(); ++i)
       writer.write_text(nth("custom_checkpoint", i, ".json"),
                         shared_->custom_objects[i]->state_dict());
+    for (size_t i = 0; i < shared_->loaders.size(); ++i)
+      writer.write_text(nth("dataloader", i, ".json"), json(shared_->loaders[i]->state()).dump());
     writer.write_text("accelerator.json",
                       json{{"step", shared_->step},
                            {"num_processes", num_processes()},
@@ -171,6 +225,14 @@ void Accelerator::load_state(const std::string& dir_name) {
   for (size_t i = 0; i < shared_->custom_objects.size(); ++i)
     shared_->custom_objects[i]->load_state_dict(
         io::read_file(dir / nth("custom_checkpoint", i, ".json")));
+  for (size_t i = 0; i < shared_->loaders.size(); ++i) {
+    const std::string name = nth("dataloader", i, ".json");
+    try {
+      shared_->loaders[i]->load_state(read_json(name).get<data::DataLoaderState>());
+    } catch (const json::exception& e) {
+      TORCH_CHECK(false, (dir / name).string(), ": ", e.what());
+    }
+  }
   shared_->step = read_json("accelerator.json").value("step", int64_t{0});
 }
 
@@ -285,12 +347,16 @@ at::Tensor Accelerator::gather(const at::Tensor& tensor) const {
   return shared_->group->all_gather(tensor.dim() == 0 ? tensor.reshape({1}) : tensor);
 }
 
+// Each process drops the padding at the end of its own last batch: a mask
+// travels with the data, since the padding of several processes does not sit
+// together at the end of what is gathered.
 at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) const {
   const auto& state = shared_->gradient_state;
-  at::Tensor all = gather(tensor);
-  if (state.end_of_dataloader && state.remainder > 0)
-    return all.slice(0, 0, all.size(0) - state.remainder);
-  return all;
+  const int64_t padding = state.end_of_dataloader ? std::max<int64_t>(state.remainder, 0) : 0;
+  if (!shared_->group) return padding > 0 ? tensor.slice(0, 0, tensor.size(0) - padding) : tensor;
+  const at::Tensor keep = at::arange(tensor.size(0)) < (tensor.size(0) - padding);
+  const at::Tensor all_keep = gather(keep.to(at::kByte)).to(at::kBool);
+  return gather(tensor).index({all_keep.to(tensor.device())});
 }
 
 at::Tensor Accelerator::reduce(const at::Tensor& tensor, const std::string& reduction) const {

@@ -224,3 +224,42 @@ TEST(Accelerator, SetSeedReproduces) {
 }
 
 }  // namespace
+
+namespace {
+
+std::shared_ptr<mixprec::data::TensorDataset> numbers(int64_t n) {
+  return std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"x", torch::arange(n)}});
+}
+
+TEST(Accelerator, PreparedDataLoaderEndsAccumulationAndResumesFromAState) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("mixprec_dl_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  Accelerator accelerator({.gradient_accumulation_steps = 2});
+  auto loader = accelerator.prepare_data_loader(numbers(10), {.batch_size = 4});
+  EXPECT_EQ(loader.size(), 3u);
+  std::vector<bool> syncs, ends;
+  std::vector<int64_t> firsts;
+  for (const auto& batch : loader) {
+    auto guard = accelerator.accumulate();
+    syncs.push_back(accelerator.sync_gradients());
+    ends.push_back(accelerator.gradient_state().end_of_dataloader);
+    firsts.push_back(batch.at("x")[0].item<int64_t>());
+    if (firsts.size() == 1) accelerator.save_state(dir.string());  // after the first batch
+  }
+  // The third batch ends the data: it syncs although the window holds one batch.
+  EXPECT_EQ(syncs, (std::vector<bool>{false, true, true}));
+  EXPECT_EQ(ends, (std::vector<bool>{false, false, true}));
+  EXPECT_EQ(firsts, (std::vector<int64_t>{0, 4, 8}));
+
+  Accelerator resumed({.gradient_accumulation_steps = 2});
+  auto again = resumed.prepare_data_loader(numbers(10), {.batch_size = 4});
+  resumed.load_state(dir.string());
+  std::vector<int64_t> rest;
+  for (const auto& batch : again) rest.push_back(batch.at("x")[0].item<int64_t>());
+  EXPECT_EQ(rest, (std::vector<int64_t>{4, 8}));
+  std::filesystem::remove_all(dir);
+}
+
+}  // namespace

@@ -138,4 +138,19 @@ TEST_F(DataParallel, GradientsAllReduceOnlyOnSyncSteps) {
   expect_same_on_every_rank(accumulating, flat_params(*net));
 }
 
+// 9 samples on 2 processes: the sampler pads to 10, and gather_for_metrics
+// gives back each sample exactly once.
+TEST_F(DataParallel, PreparedLoaderShardsAndGatherForMetricsDropsThePadding) {
+  auto data = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"x", torch::arange(9)}});
+  auto loader = accelerator.prepare_data_loader(data, {.batch_size = 2});
+  std::vector<at::Tensor> seen, local;
+  for (const auto& batch : loader) {
+    local.push_back(batch.at("x"));
+    seen.push_back(accelerator.gather_for_metrics(batch.at("x")));
+  }
+  EXPECT_EQ(torch::cat(local).size(0), 5);  // this rank's half of the padded 10
+  EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(torch::cat(seen))), torch::arange(9)));
+}
+
 }  // namespace

@@ -2,6 +2,7 @@
 
 #include "mixprec/amp/autocast.h"
 #include "mixprec/amp/grad_scaler.h"
+#include "mixprec/data/dataloader.h"
 #include "mixprec/dist/process_group.h"
 #include "mixprec/log/tracker.h"
 #include "mixprec/models/model_output.h"
@@ -53,7 +54,8 @@ struct AcceleratorOptions {
 struct GradientState {
   bool sync_gradients = true;
   bool end_of_dataloader = false;
-  /// Samples of padding in the last batch (-1: unknown), for gather_for_metrics.
+  /// Samples at the end of this process's last batch that only pad the
+  /// processes to equal shares (-1: unknown), dropped by gather_for_metrics.
   int64_t remainder = -1;
   int64_t num_steps = 1;
 };
@@ -88,6 +90,7 @@ struct Shared {
   std::vector<std::shared_ptr<torch::nn::Module>> models;
   std::vector<optim::LRScheduler*> schedulers;
   std::vector<Checkpointable*> custom_objects;
+  std::vector<std::shared_ptr<data::DataLoader>> loaders;
 
   int64_t num_processes() const { return group ? group->world_size() : 1; }
   void unscale(torch::optim::Optimizer& optimizer, OptimizerFlags& flags);
@@ -193,6 +196,44 @@ class AcceleratedScheduler {
   std::shared_ptr<detail::Shared> shared_;
 };
 
+/// A data loader prepared by an Accelerator: this process's shard of the
+/// data, batches on the accelerator's device, and the gradient state kept up
+/// to date (end_of_dataloader on the last batch, which also ends an
+/// accumulation window, and its padding for gather_for_metrics). Its position
+/// is saved and restored with the accelerator's state.
+class PreparedDataLoader {
+ public:
+  PreparedDataLoader(std::shared_ptr<data::DataLoader> loader,
+                     std::shared_ptr<detail::Shared> shared);
+
+  class Iterator {
+   public:
+    using iterator_category = std::input_iterator_tag;
+    using value_type = data::Batch;
+    using difference_type = std::ptrdiff_t;
+    const data::Batch& operator*() const { return batch_; }
+    const data::Batch* operator->() const { return &batch_; }
+    Iterator& operator++();
+    bool operator==(const Iterator& other) const { return it_ == other.it_; }
+
+   private:
+    friend class PreparedDataLoader;
+    void load();
+    PreparedDataLoader* owner_ = nullptr;
+    data::DataLoader::Iterator it_;
+    data::Batch batch_;
+  };
+  Iterator begin();
+  Iterator end();
+  void set_epoch(int64_t epoch) { loader_->set_epoch(epoch); }
+  size_t size() const { return loader_->size(); }
+  data::DataLoader& loader() const { return *loader_; }
+
+ private:
+  std::shared_ptr<data::DataLoader> loader_;
+  std::shared_ptr<detail::Shared> shared_;
+};
+
 /// HF Accelerate's `Accelerator`: mixed precision, gradient accumulation and
 /// clipping for a plain training loop, changed in three lines.
 ///
@@ -232,6 +273,11 @@ class Accelerator {
     return PreparedModel<M>(std::move(model), shared_, std::move(reducer));
   }
   AcceleratedOptimizer prepare_one(torch::optim::Optimizer& optimizer);
+  /// Accelerate's prepare(dataloader): a DataLoader of `dataset` with this
+  /// process's rank and the number of processes filled into `options`.
+  PreparedDataLoader prepare_data_loader(data::DatasetPtr dataset,
+                                         data::DataLoaderOptions options = {},
+                                         data::CollateFn collate = {});
   AcceleratedScheduler prepare_one(optim::LRScheduler& scheduler);
 
   /// Divides the loss by gradient_accumulation_steps and back-propagates it,
