@@ -1,5 +1,8 @@
-// Helpers shared by the data tests: error text, scratch files, reference data, a toy encoder.
+// Helpers of the data tests (beside tests/test_util.h): scratch files, reference data, a toy
+// encoder.
 #pragma once
+
+#include "../test_util.h"
 
 #include <c10/util/Exception.h>
 
@@ -15,15 +18,7 @@
 
 namespace data_test {
 
-template <typename F>
-std::string error_of(F&& f) {
-  try {
-    f();
-  } catch (const c10::Error& e) {
-    return e.what_without_backtrace();
-  }
-  return "<no error>";
-}
+using mixprec::testing::error_of;
 
 inline bool has(const std::string& text, const std::string& part) {
   return text.find(part) != std::string::npos;
@@ -51,12 +46,7 @@ inline std::string write_file(const std::string& name, const std::string& conten
 // tests/reference/data/data_loader_order.json: DataLoader and random_split
 // orders printed by Python (tests/reference/data_loader_order.py).
 inline const nlohmann::json& reference() {
-  static const nlohmann::json data = [] {
-    const std::string path = std::string(MIXPREC_REFERENCE_DIR) + "/data_loader_order.json";
-    std::ifstream in(path);
-    if (!in) throw std::runtime_error("cannot open " + path);
-    return nlohmann::json::parse(in);
-  }();
+  static const nlohmann::json data = mixprec::testing::load_reference("data_loader_order.json");
   return data;
 }
 
