@@ -24,6 +24,12 @@ AdamW::AdamW(const std::vector<torch::optim::OptimizerParamGroup>& param_groups,
              AdamWOptions defaults)
     : Optimizer(param_groups, std::make_unique<AdamWOptions>(defaults)) {
   check_options(defaults);
+  // LibTorch >= 2.10 merges a group's options with the defaults only for its own
+  // optimizer types and gives other types the defaults, dropping a group's own
+  // options (a no-decay group would decay); set them again.
+  for (size_t i = 0; i < param_groups.size(); ++i)
+    if (param_groups[i].has_options())
+      param_groups_[i].set_options(param_groups[i].options().clone());
   for (auto& group : param_groups_) {
     auto& options = static_cast<AdamWOptions&>(group.options());
     check_options(options);

@@ -241,6 +241,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   int64_t last_logged_step = state_.global_step;
   double total_loss = 0;
   double last_grad_norm = NAN;
+  double last_step_lr = NAN;  // the rate the last step used: HF logs it, not the next one
 
   auto log = [&](Metrics logs) {
     logs["epoch"] = state_.epoch;
@@ -258,7 +259,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       total_loss += loss * static_cast<double>(state_.global_step - last_logged_step);
       loss_since_log.zero_();
       last_logged_step = state_.global_step;
-      Metrics logs{{"loss", loss}, {"learning_rate", scheduler.get_last_lr()[0]}};
+      Metrics logs{{"loss", loss}, {"learning_rate", last_step_lr}};
       if (!std::isnan(last_grad_norm)) logs["grad_norm"] = last_grad_norm;
       if (acc.scaler()) logs["loss_scale"] = acc.scaler()->get_scale();
       log(logs);
@@ -325,6 +326,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         accelerated.step();
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_optimizer_step(a, s, c); });
+        last_step_lr = scheduler.get_last_lr()[0];
         scheduler.step();
         accelerated.zero_grad();
         ++state_.global_step;

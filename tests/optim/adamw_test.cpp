@@ -58,6 +58,27 @@ TEST(AdamW, MatchesLibTorchAdamW) {
   expect_close(ours, libtorch, 1e-5, 1e-6);
 }
 
+// A group's own options hold (LibTorch 2.13 gives unknown optimizer types the
+// defaults in every group): a no-decay group with zero gradients stays put.
+TEST(AdamW, EachParamGroupKeepsItsOptions) {
+  for (bool fused : {false, true}) {
+    auto decayed = torch::ones({4}, torch::requires_grad());
+    auto kept = torch::ones({4}, torch::requires_grad());
+    const auto defaults = AdamWOptions(0.1).weight_decay(0.5).fused(fused);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    groups.emplace_back(std::vector<torch::Tensor>{decayed});
+    groups.emplace_back(std::vector<torch::Tensor>{kept},
+                        std::make_unique<AdamWOptions>(AdamWOptions(defaults).weight_decay(0.0)));
+    AdamW opt(groups, defaults);
+    ASSERT_EQ(static_cast<AdamWOptions&>(opt.param_groups()[1].options()).weight_decay(), 0.0);
+    decayed.mutable_grad() = torch::zeros({4});
+    kept.mutable_grad() = torch::zeros({4});
+    opt.step();
+    EXPECT_TRUE(torch::equal(kept, torch::ones({4}))) << "fused=" << fused;
+    EXPECT_TRUE(torch::allclose(decayed, torch::full({4}, 1 - 0.1 * 0.5))) << "fused=" << fused;
+  }
+}
+
 TEST(AdamW, MaximizeClimbs) {
   auto p = torch::zeros({1}, torch::requires_grad());
   AdamW opt({p}, AdamWOptions(0.1).weight_decay(0).maximize(true));

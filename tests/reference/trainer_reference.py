@@ -1,0 +1,127 @@
+#!/usr/bin/env python3
+"""The HF Trainer (transformers 5.24) on a small classification task, for
+tests/train/trainer_reference_test.cpp: the task, the initial weights of the
+model (mixprec's MLPClassifier: fc1, fc2, out with ReLU) and what the Trainer
+logged (per-epoch train loss, eval_loss, eval_accuracy, learning rate, grad
+norm) and its final metrics.
+
+The HF Trainer draws the training order from Accelerate's SeedableRandomSampler
+(randperm seeded with seed + epoch), which is the order of mixprec's loader, so
+the two runs see the same batches.
+
+    python3 tests/reference/trainer_reference.py > tests/reference/data/trainer_reference.json
+    python3 tests/reference/trainer_reference.py --check tests/reference/data/trainer_reference.json
+"""
+import contextlib
+import os
+import sys
+import tempfile
+import warnings
+
+import numpy as np
+import torch
+import transformers
+from transformers import Trainer, TrainingArguments
+
+from common import emit_or_check
+
+N_TRAIN, N_EVAL, FEATURES, HIDDEN, CLASSES = 384, 128, 12, 32, 4
+
+CASES = [
+    {"name": "fp32", "bf16": False},
+    {"name": "bf16", "bf16": True},
+]
+
+
+class MLPClassifier(torch.nn.Module):
+    """mixprec::models::MLPClassifier (dropout 0), with HF's output contract."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc1 = torch.nn.Linear(FEATURES, HIDDEN)
+        self.fc2 = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.out = torch.nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, inputs, labels=None):
+        logits = self.out(torch.relu(self.fc2(torch.relu(self.fc1(inputs)))))
+        loss = None if labels is None else torch.nn.functional.cross_entropy(logits, labels)
+        return {"loss": loss, "logits": logits}
+
+
+class Examples(torch.utils.data.Dataset):
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return {"inputs": self.x[i], "labels": self.y[i]}
+
+
+def make_task():
+    """Gaussian blobs, noisy enough that accuracy stays below 100%."""
+    g = torch.Generator().manual_seed(0)
+    centers = torch.randn(CLASSES, FEATURES, generator=g)
+    y = torch.arange(N_TRAIN + N_EVAL) % CLASSES
+    y = y[torch.randperm(len(y), generator=g)]
+    x = centers[y] + 1.5 * torch.randn(len(y), FEATURES, generator=g)
+    return x, y
+
+
+def accuracy(p):
+    return {"accuracy": float((np.argmax(p.predictions, axis=1) == p.label_ids).mean())}
+
+
+def flat(t):
+    return t.detach().float().reshape(-1).tolist()
+
+
+def run(case, x, y, init):
+    model = MLPClassifier()
+    model.load_state_dict(init)
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(
+            output_dir=out, use_cpu=True, bf16=case["bf16"], seed=42,
+            per_device_train_batch_size=32, per_device_eval_batch_size=64,
+            num_train_epochs=5, learning_rate=3e-3, weight_decay=0.01, warmup_steps=4,
+            lr_scheduler_type="linear", eval_strategy="epoch", logging_strategy="epoch",
+            save_strategy="no", report_to="none", disable_tqdm=True)
+        trainer = Trainer(model=model, args=args,
+                          train_dataset=Examples(x[:N_TRAIN], y[:N_TRAIN]),
+                          eval_dataset=Examples(x[N_TRAIN:], y[N_TRAIN:]),
+                          compute_metrics=accuracy)
+        with contextlib.redirect_stdout(sys.stderr):  # its PrinterCallback prints the logs
+            result = trainer.train()
+            final_eval = trainer.evaluate()
+    keep = ("epoch", "loss", "learning_rate", "grad_norm", "eval_loss", "eval_accuracy")
+    return {
+        "log_history": [{k: float(v) for k, v in entry.items() if k in keep}
+                        for entry in trainer.state.log_history],
+        "train_loss": result.training_loss,
+        "global_step": result.global_step,
+        "final_eval": {k: float(v) for k, v in final_eval.items()
+                       if k in ("eval_loss", "eval_accuracy")},
+        "params": {k: flat(v) for k, v in model.state_dict().items()},
+    }
+
+
+def compute():
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    warnings.filterwarnings("ignore")
+    transformers.logging.set_verbosity_error()
+    torch.set_num_threads(1)  # reductions in one order, as in the C++ test
+    x, y = make_task()
+    torch.manual_seed(1)
+    init = MLPClassifier().state_dict()
+    return {
+        "transformers": transformers.__version__,
+        "n_train": N_TRAIN, "features": FEATURES, "hidden": HIDDEN, "classes": CLASSES,
+        "x": flat(x), "y": y.tolist(),
+        "init": {k: flat(v) for k, v in init.items()},
+        "cases": {c["name"]: run(c, x, y, init) for c in CASES},
+    }
+
+
+if __name__ == "__main__":
+    emit_or_check(compute)
