@@ -3,6 +3,7 @@
 
 #include <c10/util/Exception.h>
 
+#include <sys/wait.h>
 #include <cstdio>
 
 #include <fstream>
@@ -31,14 +32,16 @@ inline std::string error_of(const std::function<void()>& f) {
   return "<no error>";
 }
 
-/// Runs a shell command and returns what it printed on stdout.
-inline std::string run_command(const std::string& command) {
+/// Runs a shell command and returns what it printed on stdout; `exit_code`,
+/// when given, gets its exit status (-1 when it did not exit normally).
+inline std::string run_command(const std::string& command, int* exit_code = nullptr) {
   std::string out;
   FILE* pipe = popen(command.c_str(), "r");
   if (!pipe) return out;
   char buffer[4096];
   while (size_t n = fread(buffer, 1, sizeof(buffer), pipe)) out.append(buffer, n);
-  pclose(pipe);
+  const int status = pclose(pipe);
+  if (exit_code) *exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
   return out;
 }
 

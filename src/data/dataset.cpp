@@ -312,6 +312,46 @@ ClassificationDataset::ClassificationDataset(std::vector<at::Tensor> input_ids,
                 " out of range [0, ", num_labels_, ")");
 }
 
+std::shared_ptr<TensorDataset> TensorDataset::from_csv(const std::string& path,
+                                                       const std::string& label_column) {
+  const std::string text = read_file(path);
+  TORCH_CHECK(!is_blank(text), path, ": empty file");
+  const auto records = parse_csv(path, text);
+  const auto& header = records.front().fields;
+  const auto label_it = std::find(header.begin(), header.end(), label_column);
+  TORCH_CHECK(label_it != header.end(), path, ": no column '", label_column,
+              "' in the header; columns found: ", join(header));
+  const size_t label_index = static_cast<size_t>(label_it - header.begin());
+  TORCH_CHECK(records.size() > 1, path, ": no data rows");
+  TORCH_CHECK(header.size() > 1, path, ": no feature columns besides '", label_column, "'");
+  std::vector<float> features;
+  std::vector<int64_t> labels;
+  for (size_t r = 1; r < records.size(); ++r) {
+    const auto& record = records[r];
+    TORCH_CHECK(record.fields.size() == header.size(), path, ":", record.line, ": expected ",
+                header.size(), " columns (as in the header), got ", record.fields.size());
+    for (size_t c = 0; c < header.size(); ++c) {
+      const std::string& cell = record.fields[c];
+      double value = 0;
+      const auto [end, error] = std::from_chars(cell.data(), cell.data() + cell.size(), value);
+      const bool ok = error == std::errc() && end == cell.data() + cell.size() && !cell.empty();
+      TORCH_CHECK(ok && std::isfinite(value), path, ":", record.line, ": column '", header[c],
+                  "': expected a number, got '", cell, "'");
+      if (c != label_index) {
+        features.push_back(static_cast<float>(value));
+      } else {
+        TORCH_CHECK(value >= 0 && value == std::floor(value) && value < 1e15, path, ":",
+                    record.line, ": column '", header[c],
+                    "': expected a class id (0, 1, ...), got '", cell, "'");
+        labels.push_back(static_cast<int64_t>(value));
+      }
+    }
+  }
+  const auto n = static_cast<int64_t>(labels.size());
+  return std::make_shared<TensorDataset>(std::map<std::string, at::Tensor>{
+      {"inputs", at::tensor(features).reshape({n, -1})}, {"labels", at::tensor(labels)}});
+}
+
 std::shared_ptr<ClassificationDataset> ClassificationDataset::from_csv(
     const std::string& path, const std::string& text_column, const std::string& label_column,
     const EncodeFn& encode, int64_t max_length, std::optional<int64_t> num_labels) {

@@ -241,7 +241,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   int64_t last_logged_step = state_.global_step;
   double total_loss = 0;
   double last_grad_norm = NAN;
-  double last_step_lr = NAN;  // the rate the last step used: HF logs it, not the next one
+  double last_step_lr = NAN;      // the rate the last step used: HF logs it, not the next one
+  int64_t skipped_since_log = 0;  // optimizer steps the scaler skipped (inf/NaN gradients)
 
   auto log = [&](Metrics logs) {
     logs["epoch"] = state_.epoch;
@@ -261,7 +262,11 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       last_logged_step = state_.global_step;
       Metrics logs{{"loss", loss}, {"learning_rate", last_step_lr}};
       if (!std::isnan(last_grad_norm)) logs["grad_norm"] = last_grad_norm;
-      if (acc.scaler()) logs["loss_scale"] = acc.scaler()->get_scale();
+      if (acc.scaler()) {
+        logs["loss_scale"] = acc.scaler()->get_scale();
+        logs["skipped_steps"] = static_cast<double>(skipped_since_log);
+        skipped_since_log = 0;
+      }
       log(logs);
       char postfix[64];
       std::snprintf(postfix, sizeof(postfix), "loss=%.4g", loss);
@@ -324,6 +329,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_pre_optimizer_step(a, s, c); });
         accelerated.step();
+        skipped_since_log += acc.optimizer_step_was_skipped();
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_optimizer_step(a, s, c); });
         last_step_lr = scheduler.get_last_lr()[0];

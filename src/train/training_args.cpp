@@ -2,270 +2,68 @@
 
 #include "mixprec/optim/lr_scheduler.h"
 
+#include "argument_parser.h"
+
 #include <c10/util/Exception.h>
-#include <yaml-cpp/yaml.h>
-#include <nlohmann/json.hpp>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
-#include <sstream>
 
 namespace mixprec::train {
 
-namespace {
-
-using json = nlohmann::json;
-
 // Every field, by name: one list drives JSON, YAML, the command line, help
 // and training_args.json.
-template <typename Args, typename F>
-void visit(Args& a, F&& f) {
-  f("output_dir", a.output_dir);
-  f("overwrite_output_dir", a.overwrite_output_dir);
-  f("eval_strategy", a.eval_strategy);
-  f("eval_steps", a.eval_steps);
-  f("fp16", a.fp16);
-  f("bf16", a.bf16);
-  f("fp16_full_eval", a.fp16_full_eval);
-  f("bf16_full_eval", a.bf16_full_eval);
-  f("per_device_train_batch_size", a.per_device_train_batch_size);
-  f("per_device_eval_batch_size", a.per_device_eval_batch_size);
-  f("gradient_accumulation_steps", a.gradient_accumulation_steps);
-  f("learning_rate", a.learning_rate);
-  f("weight_decay", a.weight_decay);
-  f("adam_beta1", a.adam_beta1);
-  f("adam_beta2", a.adam_beta2);
-  f("adam_epsilon", a.adam_epsilon);
-  f("max_grad_norm", a.max_grad_norm);
-  f("num_train_epochs", a.num_train_epochs);
-  f("max_steps", a.max_steps);
-  f("lr_scheduler_type", a.lr_scheduler_type);
-  f("warmup_steps", a.warmup_steps);
-  f("logging_strategy", a.logging_strategy);
-  f("logging_steps", a.logging_steps);
-  f("logging_first_step", a.logging_first_step);
-  f("save_strategy", a.save_strategy);
-  f("save_steps", a.save_steps);
-  f("save_total_limit", a.save_total_limit);
-  f("load_best_model_at_end", a.load_best_model_at_end);
-  f("metric_for_best_model", a.metric_for_best_model);
-  f("greater_is_better", a.greater_is_better);
-  f("seed", a.seed);
-  f("data_seed", a.data_seed);
-  f("dataloader_num_workers", a.dataloader_num_workers);
-  f("dataloader_drop_last", a.dataloader_drop_last);
-  f("optim", a.optim);
-  f("report_to", a.report_to);
-  f("resume_from_checkpoint", a.resume_from_checkpoint);
-  f("disable_tqdm", a.disable_tqdm);
-  f("use_cpu", a.use_cpu);
-  f("label_names", a.label_names);
-  f("run_name", a.run_name);
+std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
+  using detail::argument;
+  return {
+      argument("output_dir", a.output_dir),
+      argument("overwrite_output_dir", a.overwrite_output_dir),
+      argument("eval_strategy", a.eval_strategy, {"evaluation_strategy"}),
+      argument("eval_steps", a.eval_steps),
+      argument("fp16", a.fp16),
+      argument("bf16", a.bf16),
+      argument("fp16_full_eval", a.fp16_full_eval),
+      argument("bf16_full_eval", a.bf16_full_eval),
+      argument("per_device_train_batch_size", a.per_device_train_batch_size),
+      argument("per_device_eval_batch_size", a.per_device_eval_batch_size),
+      argument("gradient_accumulation_steps", a.gradient_accumulation_steps),
+      argument("learning_rate", a.learning_rate),
+      argument("weight_decay", a.weight_decay),
+      argument("adam_beta1", a.adam_beta1),
+      argument("adam_beta2", a.adam_beta2),
+      argument("adam_epsilon", a.adam_epsilon),
+      argument("max_grad_norm", a.max_grad_norm),
+      argument("num_train_epochs", a.num_train_epochs),
+      argument("max_steps", a.max_steps),
+      argument("lr_scheduler_type", a.lr_scheduler_type),
+      argument("warmup_steps", a.warmup_steps, {"warmup_ratio"}),  // below 1: a ratio
+      argument("logging_strategy", a.logging_strategy),
+      argument("logging_steps", a.logging_steps),
+      argument("logging_first_step", a.logging_first_step),
+      argument("save_strategy", a.save_strategy),
+      argument("save_steps", a.save_steps),
+      argument("save_total_limit", a.save_total_limit),
+      argument("load_best_model_at_end", a.load_best_model_at_end),
+      argument("metric_for_best_model", a.metric_for_best_model),
+      argument("greater_is_better", a.greater_is_better),
+      argument("seed", a.seed),
+      argument("data_seed", a.data_seed),
+      argument("dataloader_num_workers", a.dataloader_num_workers),
+      argument("dataloader_drop_last", a.dataloader_drop_last),
+      argument("optim", a.optim),
+      argument("report_to", a.report_to),
+      argument("resume_from_checkpoint", a.resume_from_checkpoint),
+      argument("disable_tqdm", a.disable_tqdm),
+      argument("use_cpu", a.use_cpu),
+      argument("label_names", a.label_names),
+      argument("run_name", a.run_name),
+  };
 }
 
-// Old names transformers still documents, and what they mean now.
-std::string canonical_name(const std::string& key) {
-  if (key == "evaluation_strategy") return "eval_strategy";
-  if (key == "warmup_ratio") return "warmup_steps";  // a value below 1 is a ratio
-  return key;
-}
-
-std::vector<std::string> field_names() {
-  std::vector<std::string> names;
-  TrainingArguments a;
-  visit(a, [&](const char* name, auto&) { names.emplace_back(name); });
-  return names;
-}
-
-size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<size_t> row(b.size() + 1);
-  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (size_t i = 1; i <= a.size(); ++i) {
-    size_t diagonal = row[0];
-    row[0] = i;
-    for (size_t j = 1; j <= b.size(); ++j) {
-      const size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
-[[noreturn]] void unknown_key(const std::string& key, const std::string& where) {
-  std::string closest;
-  size_t best = std::string::npos;
-  for (const auto& name : field_names()) {
-    const size_t d = edit_distance(key, name);
-    if (d < best) best = d, closest = name;
-  }
-  TORCH_CHECK(false, "TrainingArguments", where, ": unknown argument '", key, "'; did you mean '",
-              closest, "'?");
-}
-
-std::string type_name(const bool&) { return "a boolean"; }
-std::string type_name(const int64_t&) { return "an integer"; }
-std::string type_name(const double&) { return "a number"; }
-std::string type_name(const std::string&) { return "a string"; }
-std::string type_name(const std::vector<std::string>&) { return "a list of strings"; }
-template <typename T>
-std::string type_name(const std::optional<T>&) {
-  return type_name(T{}) + " or null";
-}
-
-std::string describe(const json& v) { return v.dump() + " (" + std::string(v.type_name()) + ")"; }
-
-// Assigns a JSON value to a field, or says what was expected.
-void assign(bool& field, const json& v, const std::string& key) {
-  TORCH_CHECK(v.is_boolean(), "TrainingArguments: '", key, "' expects a boolean, got ",
-              describe(v));
-  field = v.get<bool>();
-}
-void assign(int64_t& field, const json& v, const std::string& key) {
-  const bool integral = v.is_number_integer() ||
-                        (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
-  TORCH_CHECK(integral, "TrainingArguments: '", key, "' expects an integer, got ", describe(v));
-  field = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
-}
-void assign(double& field, const json& v, const std::string& key) {
-  TORCH_CHECK(v.is_number(), "TrainingArguments: '", key, "' expects a number, got ", describe(v));
-  field = v.get<double>();
-}
-void assign(std::string& field, const json& v, const std::string& key) {
-  TORCH_CHECK(v.is_string(), "TrainingArguments: '", key, "' expects a string, got ", describe(v));
-  field = v.get<std::string>();
-}
-void assign(std::vector<std::string>& field, const json& v, const std::string& key) {
-  if (v.is_string()) {  // "tensorboard" or "tensorboard,jsonl"
-    field.clear();
-    std::stringstream parts(v.get<std::string>());
-    for (std::string part; std::getline(parts, part, ',');)
-      if (!part.empty()) field.push_back(part);
-    return;
-  }
-  TORCH_CHECK(
-      v.is_array() && std::all_of(v.begin(), v.end(), [](auto& e) { return e.is_string(); }),
-      "TrainingArguments: '", key, "' expects a list of strings, got ", describe(v));
-  field = v.get<std::vector<std::string>>();
-}
-template <typename T>
-void assign(std::optional<T>& field, const json& v, const std::string& key) {
-  if (v.is_null()) {
-    field.reset();
-    return;
-  }
-  T value{};
-  assign(value, v, key);
-  field = value;
-}
-
-json to_value(const auto& field) { return field; }
-template <typename T>
-json to_value(const std::optional<T>& field) {
-  return field ? json(*field) : json(nullptr);
-}
-
-void assign_all(TrainingArguments& args, const json& object, const std::string& where) {
-  TORCH_CHECK(object.is_object(), "TrainingArguments", where,
-              ": expected an object of arguments, got ", object.type_name());
-  for (const auto& [raw_key, value] : object.items()) {
-    const std::string key = canonical_name(raw_key);
-    bool found = false;
-    visit(args, [&](const char* name, auto& field) {
-      if (key != name) return;
-      assign(field, value, raw_key);
-      found = true;
-    });
-    if (!found) unknown_key(raw_key, where);
-  }
-}
-
-// YAML scalars carry no JSON type: plain ones are read as YAML 1.2's core
-// schema reads them (null, booleans, integers, floats), quoted ones as strings.
-json yaml_to_json(const YAML::Node& node) {
-  switch (node.Type()) {
-    case YAML::NodeType::Null:
-      return nullptr;
-    case YAML::NodeType::Sequence: {
-      json array = json::array();
-      for (const auto& item : node) array.push_back(yaml_to_json(item));
-      return array;
-    }
-    case YAML::NodeType::Map: {
-      json object = json::object();
-      for (const auto& item : node)
-        object[item.first.as<std::string>()] = yaml_to_json(item.second);
-      return object;
-    }
-    default: {
-      const std::string s = node.Scalar();
-      if (node.Tag() == "!") return s;  // quoted
-      if (s == "null" || s == "~" || s == "Null" || s == "NULL") return nullptr;
-      if (s == "true" || s == "True" || s == "TRUE") return true;
-      if (s == "false" || s == "False" || s == "FALSE") return false;
-      try {
-        size_t used = 0;
-        const long long i = std::stoll(s, &used);
-        if (used == s.size()) return i;
-        const double d = std::stod(s, &used);
-        if (used == s.size()) return d;
-      } catch (const std::exception&) {
-      }
-      return s;
-    }
-  }
-}
-
-bool is_bool_literal(const std::string& s) {
-  return s == "true" || s == "false" || s == "True" || s == "False" || s == "1" || s == "0";
-}
-
-// A command-line value, typed by the field it goes to.
-json cli_value(const bool&, const std::vector<std::string>& words) {
-  return words.empty() || words[0] == "true" || words[0] == "True" || words[0] == "1";
-}
-json cli_value(const std::string&, const std::vector<std::string>& words) {
-  return words.empty() ? json("") : json(words[0]);
-}
-json cli_value(const std::vector<std::string>&, const std::vector<std::string>& words) {
-  return words;
-}
-template <typename T>
-json cli_value(const T&, const std::vector<std::string>& words) {  // numbers
-  if (words.empty()) return nullptr;
-  try {
-    return json::parse(words[0]);
-  } catch (const json::exception&) {
-    return words[0];  // reported as a string where a number was expected
-  }
-}
-template <typename T>
-json cli_value(const std::optional<T>&, const std::vector<std::string>& words) {
-  if (!words.empty() && (words[0] == "None" || words[0] == "null")) return nullptr;
-  return cli_value(T{}, words);
-}
-
-template <typename T>
-bool is_bool_field(const T&) {
-  return std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>;
-}
-template <typename T>
-bool is_list_field(const T&) {
-  return std::is_same_v<T, std::vector<std::string>> ||
-         std::is_same_v<T, std::optional<std::vector<std::string>>>;
-}
+namespace {
 
 bool one_of(const std::string& value, std::initializer_list<const char*> allowed) {
   return std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return value == a; });
-}
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path);
-  TORCH_CHECK(in.good(), "TrainingArguments: cannot open '", path, "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  return text.str();
 }
 
 }  // namespace
@@ -359,72 +157,40 @@ void TrainingArguments::validate() {
   }
 }
 
+namespace {
+
+detail::ArgumentParser parser_of(TrainingArguments& args) {
+  detail::ArgumentParser parser("TrainingArguments");
+  parser.add_group("Training arguments (transformers.TrainingArguments' names and defaults)",
+                   detail::training_arguments(args));
+  return parser;
+}
+
+}  // namespace
+
 TrainingArguments TrainingArguments::from_json(const std::string& json_text) {
-  json object;
+  detail::json object;
   try {
-    object = json::parse(json_text);
-  } catch (const json::parse_error& e) {
+    object = detail::json::parse(json_text);
+  } catch (const detail::json::parse_error& e) {
     TORCH_CHECK(false, "TrainingArguments: malformed JSON: ", e.what());
   }
   TrainingArguments args;
-  assign_all(args, object, "");
+  parser_of(args).assign(object);
   args.validate();
   return args;
 }
 
 TrainingArguments TrainingArguments::from_file(const std::string& path) {
-  const std::string text = read_file(path);
-  json object;
-  const bool yaml = path.ends_with(".yaml") || path.ends_with(".yml");
-  try {
-    object = yaml ? yaml_to_json(YAML::Load(text)) : json::parse(text);
-  } catch (const YAML::Exception& e) {
-    TORCH_CHECK(false, "TrainingArguments: ", path, ": malformed YAML: ", e.what());
-  } catch (const json::parse_error& e) {
-    TORCH_CHECK(false, "TrainingArguments: ", path, ": malformed JSON: ", e.what());
-  }
   TrainingArguments args;
-  assign_all(args, object, " (" + path + ")");
+  parser_of(args).assign(detail::read_config_file(path, "TrainingArguments"), " (" + path + ")");
   args.validate();
   return args;
 }
 
 TrainingArguments TrainingArguments::parse_args(const std::vector<std::string>& words) {
   TrainingArguments args;
-  size_t i = 0;
-  if (words.size() >= 2 && words[0] == "--config") {
-    args = from_file(words[1]);
-    i = 2;
-  }
-  json overrides = json::object();
-  while (i < words.size()) {
-    const std::string& word = words[i];
-    TORCH_CHECK(word.starts_with("--"), "TrainingArguments: expected --name, got '", word, "'");
-    std::string key = word.substr(2);
-    std::vector<std::string> values;
-    if (auto eq = key.find('='); eq != std::string::npos) {
-      values.push_back(key.substr(eq + 1));
-      key = key.substr(0, eq);
-    }
-    ++i;
-    bool found = false;
-    visit(args, [&](const char* name, auto& field) {
-      if (canonical_name(key) != name) return;
-      found = true;
-      const bool inline_value = !values.empty();  // --name=value
-      if (!inline_value && is_bool_field(field)) {
-        if (i < words.size() && is_bool_literal(words[i])) values.push_back(words[i++]);
-      } else if (!inline_value && is_list_field(field)) {
-        while (i < words.size() && !words[i].starts_with("--")) values.push_back(words[i++]);
-      } else if (!inline_value) {
-        TORCH_CHECK(i < words.size(), "TrainingArguments: --", key, " expects a value");
-        values.push_back(words[i++]);
-      }
-      overrides[key] = cli_value(field, values);
-    });
-    if (!found) unknown_key(key, " (command line)");
-  }
-  assign_all(args, overrides, " (command line)");
+  parser_of(args).parse_args(words);
   args.validate();
   return args;
 }
@@ -434,20 +200,15 @@ TrainingArguments TrainingArguments::parse_args(int argc, const char* const* arg
 }
 
 std::string TrainingArguments::help() {
-  std::ostringstream out;
-  out << "Training arguments (transformers.TrainingArguments' names and defaults):\n"
-      << "  --config FILE  a .json or .yaml file of arguments; later flags override it\n";
   TrainingArguments defaults;
-  visit(defaults, [&](const char* name, const auto& field) {
-    out << "  --" << name << "  " << type_name(field) << " (default: " << to_value(field).dump()
-        << ")\n";
-  });
-  return out.str();
+  return "  --config FILE  a .json or .yaml file of arguments; later flags override it\n" +
+         parser_of(defaults).help();
 }
 
 std::string TrainingArguments::to_json() const {
-  json object = json::object();
-  visit(*this, [&](const char* name, const auto& field) { object[name] = to_value(field); });
+  TrainingArguments copy = *this;
+  detail::json object = detail::json::object();
+  for (const auto& a : detail::training_arguments(copy)) object[a.name] = a.value();
   return object.dump(2);
 }
 

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <array>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <set>
@@ -50,6 +51,33 @@ TEST(TensorDataset, BadInputIsAClearError) {
   EXPECT_TRUE(has(error_of([] { TensorDataset({}); }), "TensorDataset: no tensors given"));
   EXPECT_TRUE(has(error_of([] { range_dataset(3)->get(3); }),
                   "TensorDataset: index 3 out of range for size 3"));
+}
+
+TEST(TensorDataset, FromCsvOfNumbers) {
+  auto path = write_file("numbers.csv", "x0,label,x1\n0.5,1,-2\n1e-3,0,4\n");
+  auto ds = TensorDataset::from_csv(path, "label");
+  ASSERT_EQ(ds->size(), 2u);
+  EXPECT_TRUE(
+      torch::equal(ds->tensors().at("inputs"), torch::tensor({{0.5f, -2.0f}, {1e-3f, 4.0f}})));
+  EXPECT_TRUE(torch::equal(ds->tensors().at("labels"), torch::tensor({1, 0}, torch::kLong)));
+
+  // file name, contents, the error after "<path>"
+  const std::vector<std::array<std::string, 3>> bad = {
+      {"text.csv", "x0,label\n1,0\nabc,1\n", ":3: column 'x0': expected a number, got 'abc'"},
+      {"fraction.csv", "x0,label\n1,0.5\n",
+       ":2: column 'label': expected a class id (0, 1, ...), got '0.5'"},
+      {"nan.csv", "x0,label\nnan,0\n", ":2: column 'x0': expected a number, got 'nan'"},
+      {"nolabel.csv", "x0,x1\n1,2\n", ": no column 'label' in the header; columns found: x0, x1"},
+      {"onlylabel.csv", "label\n1\n", ": no feature columns besides 'label'"},
+      {"numbers_header.csv", "x0,label\n", ": no data rows"},
+      {"numbers_ragged.csv", "x0,label\n1,0\n2\n",
+       ":3: expected 2 columns (as in the header), got 1"},
+  };
+  for (const auto& [name, contents, error] : bad) {
+    const auto path = write_file(name, contents);
+    EXPECT_TRUE(has(error_of([&] { TensorDataset::from_csv(path, "label"); }), path + error))
+        << name;
+  }
 }
 
 TEST(Subset, ReadsThroughItsIndices) {

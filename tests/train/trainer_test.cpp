@@ -10,6 +10,7 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <set>
 
 namespace {
 
@@ -122,6 +123,62 @@ TEST_F(TrainerTest, TrainsEvaluatesLogsAndCheckpoints) {
     EXPECT_EQ(fs::exists(fs::path(a.output_dir) / "checkpoint-40" / "scaler.json"), a.fp16);
     EXPECT_TRUE(fs::exists(fs::path(a.output_dir) / "runs" / "log.jsonl"));
   }
+}
+
+// The Classifier, whose gradients are inf on the training calls in `poisoned`.
+struct PoisonedClassifierImpl : ClassifierImpl {
+  std::set<int> poisoned;
+  int calls = 0;
+  mixprec::models::ModelOutput forward(const mixprec::data::Batch& batch) {
+    auto out = ClassifierImpl::forward(batch);
+    if (is_training() && poisoned.count(calls++))
+      out.logits.register_hook([](at::Tensor g) { return g * INFINITY; });
+    return out;
+  }
+};
+TORCH_MODULE(PoisonedClassifier);
+
+// What the Trainer logs, read back by tensorboard's own EventAccumulator.
+TEST_F(TrainerTest, LogsToTensorBoardWithLossScaleAndSkippedSteps) {
+  auto a = args("tensorboard");
+  a.fp16 = true;
+  a.num_train_epochs = 2;  // 20 steps, logged every 5
+  a.report_to = {"tensorboard"};
+  torch::manual_seed(0);
+  PoisonedClassifier model;
+  model->poisoned = {2, 3, 12};  // skipped: steps 3 and 4, then 13
+  Trainer trainer(model, a, train_, eval_, accuracy);
+  trainer.train();
+
+  const auto scalars = json::parse(mixprec::testing::run_reference_script(
+      "read_tensorboard.py " + (fs::path(a.output_dir) / "runs").string()));
+  for (const char* tag : {"loss", "learning_rate", "grad_norm", "loss_scale", "skipped_steps",
+                          "eval_loss", "eval_accuracy", "epoch"})
+    EXPECT_TRUE(scalars.contains(tag)) << tag << " not in " << scalars.dump();
+  // Every logged value, at its step, as log_history has it (fp32 in the event file).
+  int compared = 0;
+  for (const auto& entry : trainer.state().log_history) {
+    const int64_t step = static_cast<int64_t>(entry.at("step"));
+    for (const auto& [key, value] : entry) {
+      if (key == "step" || !scalars.contains(key)) continue;
+      bool found = false;
+      for (const auto& point : scalars.at(key))
+        if (point[0].get<int64_t>() == step) {
+          EXPECT_FLOAT_EQ(point[1].get<float>(), static_cast<float>(value)) << key << "@" << step;
+          found = true;
+        }
+      EXPECT_TRUE(found) << key << "@" << step;
+      ++compared;
+    }
+  }
+  EXPECT_GE(compared, 4 * 6 + 2 * 3);
+  // Two skips in the first window halve the scale twice; one in the third.
+  std::vector<std::pair<int64_t, double>> skipped, scale;
+  for (const auto& p : scalars.at("skipped_steps")) skipped.emplace_back(p[0], p[1]);
+  for (const auto& p : scalars.at("loss_scale")) scale.emplace_back(p[0], p[1]);
+  EXPECT_EQ(skipped, (std::vector<std::pair<int64_t, double>>{{5, 2}, {10, 0}, {15, 1}, {20, 0}}));
+  EXPECT_EQ(scale, (std::vector<std::pair<int64_t, double>>{
+                       {5, 16384}, {10, 16384}, {15, 8192}, {20, 8192}}));
 }
 
 TEST_F(TrainerTest, TrainerStateIsReadByTransformers) {

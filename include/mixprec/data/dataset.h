@@ -44,6 +44,12 @@ using DatasetPtr = std::shared_ptr<const Dataset>;
 class TensorDataset : public Dataset {
  public:
   explicit TensorDataset(std::map<std::string, at::Tensor> tensors);
+  /// A CSV table of numbers with a header row: `label_column` (integer class
+  /// ids) becomes "labels" (N) int64, every other column a feature of
+  /// "inputs" (N, F) fp32. A cell that is not a number is an error naming the
+  /// line and the column.
+  static std::shared_ptr<TensorDataset> from_csv(const std::string& path,
+                                                 const std::string& label_column);
   size_t size() const override { return size_; }
   Example get(size_t index) const override;
   const std::map<std::string, at::Tensor>& tensors() const { return tensors_; }

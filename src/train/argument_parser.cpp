@@ -1,0 +1,229 @@
+#include "argument_parser.h"
+
+#include <c10/util/Exception.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <cmath>
+#include <fstream>
+#include <sstream>
+
+namespace mixprec::train::detail {
+
+namespace {
+
+size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<size_t> row(b.size() + 1);
+  for (size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (size_t i = 1; i <= a.size(); ++i) {
+    size_t diagonal = row[0];
+    row[0] = i;
+    for (size_t j = 1; j <= b.size(); ++j) {
+      const size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] != b[j - 1])});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+std::string describe(const json& v) { return v.dump() + " (" + std::string(v.type_name()) + ")"; }
+
+// YAML scalars carry no JSON type: plain ones are read as YAML 1.2's core
+// schema reads them (null, booleans, integers, floats), quoted ones as strings.
+json yaml_to_json(const YAML::Node& node) {
+  switch (node.Type()) {
+    case YAML::NodeType::Null:
+      return nullptr;
+    case YAML::NodeType::Sequence: {
+      json array = json::array();
+      for (const auto& item : node) array.push_back(yaml_to_json(item));
+      return array;
+    }
+    case YAML::NodeType::Map: {
+      json object = json::object();
+      for (const auto& item : node)
+        object[item.first.as<std::string>()] = yaml_to_json(item.second);
+      return object;
+    }
+    default: {
+      const std::string s = node.Scalar();
+      if (node.Tag() == "!") return s;  // quoted
+      if (s == "null" || s == "~" || s == "Null" || s == "NULL") return nullptr;
+      if (s == "true" || s == "True" || s == "TRUE") return true;
+      if (s == "false" || s == "False" || s == "FALSE") return false;
+      try {
+        size_t used = 0;
+        const long long i = std::stoll(s, &used);
+        if (used == s.size()) return i;
+        const double d = std::stod(s, &used);
+        if (used == s.size()) return d;
+      } catch (const std::exception&) {
+      }
+      return s;
+    }
+  }
+}
+
+bool is_bool_literal(const std::string& s) {
+  return s == "true" || s == "false" || s == "True" || s == "False" || s == "1" || s == "0";
+}
+
+}  // namespace
+
+json read_config_file(const std::string& path, const std::string& owner) {
+  std::ifstream in(path);
+  TORCH_CHECK(in.good(), owner, ": cannot open '", path, "'");
+  std::stringstream text;
+  text << in.rdbuf();
+  const bool yaml = path.ends_with(".yaml") || path.ends_with(".yml");
+  try {
+    return yaml ? yaml_to_json(YAML::Load(text.str())) : json::parse(text.str());
+  } catch (const YAML::Exception& e) {
+    TORCH_CHECK(false, owner, ": ", path, ": malformed YAML: ", e.what());
+  } catch (const json::parse_error& e) {
+    TORCH_CHECK(false, owner, ": ", path, ": malformed JSON: ", e.what());
+  }
+}
+
+ArgumentParser& ArgumentParser::add_group(std::string title, std::vector<Argument> arguments) {
+  groups_.emplace_back(std::move(title), std::move(arguments));
+  return *this;
+}
+
+const Argument* ArgumentParser::find(const std::string& name) const {
+  for (const auto& [title, arguments] : groups_)
+    for (const auto& a : arguments)
+      if (a.name == name || std::find(a.aliases.begin(), a.aliases.end(), name) != a.aliases.end())
+        return &a;
+  return nullptr;
+}
+
+void ArgumentParser::unknown(const std::string& name, const std::string& where) const {
+  std::string closest;
+  size_t best = std::string::npos;
+  for (const auto& [title, arguments] : groups_)
+    for (const auto& a : arguments)
+      if (const size_t d = edit_distance(name, a.name); d < best) best = d, closest = a.name;
+  TORCH_CHECK(false, owner_, where, ": unknown argument '", name, "'; did you mean '", closest,
+              "'?");
+}
+
+void ArgumentParser::assign(const json& object, const std::string& where) const {
+  TORCH_CHECK(object.is_object(), owner_, where, ": expected an object of arguments, got ",
+              object.type_name());
+  for (const auto& [key, value] : object.items()) {
+    const Argument* a = find(key);
+    if (!a) unknown(key, where);
+    a->assign(value, owner_ + ": '" + key + "'");
+  }
+}
+
+void ArgumentParser::parse_args(const std::vector<std::string>& words) const {
+  size_t i = 0;
+  if (words.size() >= 2 && words[0] == "--config") {
+    assign(read_config_file(words[1], owner_), " (" + words[1] + ")");
+    i = 2;
+  }
+  json overrides = json::object();
+  while (i < words.size()) {
+    const std::string& word = words[i++];
+    TORCH_CHECK(word.starts_with("--"), owner_, ": expected --name, got '", word, "'");
+    std::string key = word.substr(2);
+    std::vector<std::string> values;
+    const auto eq = key.find('=');
+    if (eq != std::string::npos) {  // --name=value
+      values.push_back(key.substr(eq + 1));
+      key = key.substr(0, eq);
+    }
+    const Argument* a = find(key);
+    if (!a) unknown(key, " (command line)");
+    if (eq != std::string::npos) {
+    } else if (a->is_bool) {
+      if (i < words.size() && is_bool_literal(words[i])) values.push_back(words[i++]);
+    } else if (a->is_list) {
+      while (i < words.size() && !words[i].starts_with("--")) values.push_back(words[i++]);
+    } else {
+      TORCH_CHECK(i < words.size(), owner_, ": --", key, " expects a value");
+      values.push_back(words[i++]);
+    }
+    overrides[key] = a->from_words(values);
+  }
+  assign(overrides, " (command line)");
+}
+
+std::string ArgumentParser::help() const {
+  std::ostringstream out;
+  for (const auto& [title, arguments] : groups_) {
+    out << title << ":\n";
+    for (const auto& a : arguments)
+      out << "  --" << a.name << "  " << a.type << " (default: " << a.value().dump() << ")\n";
+  }
+  return out.str();
+}
+
+std::string type_name(const bool&) { return "a boolean"; }
+std::string type_name(const int64_t&) { return "an integer"; }
+std::string type_name(const double&) { return "a number"; }
+std::string type_name(const std::string&) { return "a string"; }
+std::string type_name(const std::vector<std::string>&) { return "a list of strings"; }
+
+void assign_value(bool& field, const json& v, const std::string& prefix) {
+  TORCH_CHECK(v.is_boolean(), prefix, " expects a boolean, got ", describe(v));
+  field = v.get<bool>();
+}
+void assign_value(int64_t& field, const json& v, const std::string& prefix) {
+  const bool integral = v.is_number_integer() ||
+                        (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+  TORCH_CHECK(integral, prefix, " expects an integer, got ", describe(v));
+  field = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+}
+void assign_value(double& field, const json& v, const std::string& prefix) {
+  TORCH_CHECK(v.is_number(), prefix, " expects a number, got ", describe(v));
+  field = v.get<double>();
+}
+void assign_value(std::string& field, const json& v, const std::string& prefix) {
+  TORCH_CHECK(v.is_string(), prefix, " expects a string, got ", describe(v));
+  field = v.get<std::string>();
+}
+void assign_value(std::vector<std::string>& field, const json& v, const std::string& prefix) {
+  if (v.is_string()) {  // "tensorboard" or "tensorboard,jsonl"
+    field.clear();
+    std::stringstream parts(v.get<std::string>());
+    for (std::string part; std::getline(parts, part, ',');)
+      if (!part.empty()) field.push_back(part);
+    return;
+  }
+  TORCH_CHECK(
+      v.is_array() && std::all_of(v.begin(), v.end(), [](auto& e) { return e.is_string(); }),
+      prefix, " expects a list of strings, got ", describe(v));
+  field = v.get<std::vector<std::string>>();
+}
+
+json words_value(const bool&, const std::vector<std::string>& words) {
+  return words.empty() || words[0] == "true" || words[0] == "True" || words[0] == "1";
+}
+json words_value(const std::string&, const std::vector<std::string>& words) {
+  return words.empty() ? json("") : json(words[0]);
+}
+json words_value(const std::vector<std::string>&, const std::vector<std::string>& words) {
+  return words;
+}
+namespace {
+json number_from_words(const std::vector<std::string>& words) {
+  if (words.empty()) return nullptr;
+  try {
+    return json::parse(words[0]);
+  } catch (const json::exception&) {
+    return words[0];  // reported as a string where a number was expected
+  }
+}
+}  // namespace
+json words_value(const int64_t&, const std::vector<std::string>& words) {
+  return number_from_words(words);
+}
+json words_value(const double&, const std::vector<std::string>& words) {
+  return number_from_words(words);
+}
+
+}  // namespace mixprec::train::detail
