@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace mixprec::train {
@@ -114,7 +115,12 @@ std::string type_name(const std::optional<T>&) {
   return type_name(T{}) + " or null";
 }
 
-std::string describe(const json& v) { return v.dump() + " (" + std::string(v.type_name()) + ")"; }
+// The value as JSON text; bytes that are not UTF-8 (YAML and flags may hold
+// them) shown as U+FFFD rather than failing.
+std::string describe(const json& v) {
+  return v.dump(-1, ' ', false, json::error_handler_t::replace) + " (" +
+         std::string(v.type_name()) + ")";
+}
 
 // Assigns a JSON value to a field, or says what was expected.
 void assign(bool& field, const json& v, const std::string& key) {
@@ -123,21 +129,37 @@ void assign(bool& field, const json& v, const std::string& key) {
   field = v.get<bool>();
 }
 void assign(int64_t& field, const json& v, const std::string& key) {
-  const bool integral = v.is_number_integer() ||
-                        (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+  // 2^63 is exact in a double; anything from there up does not fit an int64.
+  const double d = v.is_number() ? v.get<double>() : 0.0;
+  const bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(d) == d);
   TORCH_CHECK(integral, "TrainingArguments: '", key, "' expects an integer, got ", describe(v));
-  field = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= uint64_t{std::numeric_limits<int64_t>::max()}
+                        : v.is_number_integer() || (d >= -0x1p63 && d < 0x1p63);
+  TORCH_CHECK(fits, "TrainingArguments: '", key, "' expects an integer, got ", describe(v),
+              ", which does not fit in 64 bits");
+  field = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(d);
 }
 void assign(double& field, const json& v, const std::string& key) {
   TORCH_CHECK(v.is_number(), "TrainingArguments: '", key, "' expects a number, got ", describe(v));
   field = v.get<double>();
 }
+// training_args.json must be able to hold every string: they must be UTF-8.
+void check_utf8(const std::string& s, const std::string& key) {
+  try {
+    (void)json(s).dump();
+  } catch (const json::type_error&) {
+    TORCH_CHECK(false, "TrainingArguments: '", key, "' expects UTF-8 text, got ", describe(s));
+  }
+}
 void assign(std::string& field, const json& v, const std::string& key) {
   TORCH_CHECK(v.is_string(), "TrainingArguments: '", key, "' expects a string, got ", describe(v));
+  check_utf8(v.get<std::string>(), key);
   field = v.get<std::string>();
 }
 void assign(std::vector<std::string>& field, const json& v, const std::string& key) {
   if (v.is_string()) {  // "tensorboard" or "tensorboard,jsonl"
+    check_utf8(v.get<std::string>(), key);
     field.clear();
     std::stringstream parts(v.get<std::string>());
     for (std::string part; std::getline(parts, part, ',');)
@@ -147,6 +169,7 @@ void assign(std::vector<std::string>& field, const json& v, const std::string& k
   TORCH_CHECK(
       v.is_array() && std::all_of(v.begin(), v.end(), [](auto& e) { return e.is_string(); }),
       "TrainingArguments: '", key, "' expects a list of strings, got ", describe(v));
+  for (const auto& item : v) check_utf8(item.get<std::string>(), key);
   field = v.get<std::vector<std::string>>();
 }
 template <typename T>
@@ -359,34 +382,37 @@ void TrainingArguments::validate() {
   }
 }
 
-TrainingArguments TrainingArguments::from_json(const std::string& json_text) {
+namespace {
+
+// JSON or YAML text to validated arguments; `where` names the source in errors.
+TrainingArguments parse_text(const std::string& text, bool yaml, const std::string& where) {
   json object;
   try {
-    object = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    TORCH_CHECK(false, "TrainingArguments: malformed JSON: ", e.what());
+    object = yaml ? yaml_to_json(YAML::Load(text)) : json::parse(text);
+  } catch (const YAML::Exception& e) {
+    TORCH_CHECK(false, "TrainingArguments", where, ": malformed YAML: ", e.what());
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, "TrainingArguments", where, ": malformed JSON: ", e.what());
   }
   TrainingArguments args;
-  assign_all(args, object, "");
+  assign_all(args, object, where);
   args.validate();
   return args;
 }
 
+}  // namespace
+
+TrainingArguments TrainingArguments::from_json(const std::string& json_text) {
+  return parse_text(json_text, /*yaml=*/false, "");
+}
+
+TrainingArguments TrainingArguments::from_yaml(const std::string& yaml_text) {
+  return parse_text(yaml_text, /*yaml=*/true, "");
+}
+
 TrainingArguments TrainingArguments::from_file(const std::string& path) {
-  const std::string text = read_file(path);
-  json object;
   const bool yaml = path.ends_with(".yaml") || path.ends_with(".yml");
-  try {
-    object = yaml ? yaml_to_json(YAML::Load(text)) : json::parse(text);
-  } catch (const YAML::Exception& e) {
-    TORCH_CHECK(false, "TrainingArguments: ", path, ": malformed YAML: ", e.what());
-  } catch (const json::parse_error& e) {
-    TORCH_CHECK(false, "TrainingArguments: ", path, ": malformed JSON: ", e.what());
-  }
-  TrainingArguments args;
-  assign_all(args, object, " (" + path + ")");
-  args.validate();
-  return args;
+  return parse_text(read_file(path), yaml, " (" + path + ")");
 }
 
 TrainingArguments TrainingArguments::parse_args(const std::vector<std::string>& words) {
