@@ -260,7 +260,7 @@ TEST(ClassificationDatasetJsonl, BadInputNamesFileLineAndProblem) {
                                                    "class name (as on line 1), got 0"));
   auto text_type = write_file("texttype.jsonl", "{\"text\": 5, \"label\": 0}\n");
   EXPECT_TRUE(has(error_of(load(text_type)), text_type + ":1: key 'text' must be a string, got 5"));
-  // Found by fuzz/fuzz_dataset.cpp: a number too large for a double escaped as
+  // Found while writing fuzz/fuzz_dataset.cpp: a number too large for a double escaped as
   // a raw JSON error; the largest class id + 1 overflowed.
   auto overflow = write_file("overflow.jsonl", "{\"text\": \"a\", \"label\": 1e400}\n");
   EXPECT_TRUE(has(error_of(load(overflow)), overflow + ":1: malformed JSON (") &&

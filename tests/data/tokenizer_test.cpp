@@ -237,7 +237,7 @@ TEST(BPETokenizer, BadInput) {
   expect_load_error([](json& j) { j["pre_tokenizer"]["add_prefix_space"] = "yes"; },
                     "key 'pre_tokenizer.add_prefix_space': expected a boolean, got \"yes\"");
 
-  // Found by fuzz/fuzz_tokenizer.cpp: the id table was sized by the largest id
+  // Found while writing fuzz/fuzz_tokenizer.cpp: the id table was sized by the largest id
   // (any size a file claimed; INT64_MAX overflowed), a number too large for a
   // double escaped as a raw JSON error, so did a normalizer that is no object,
   // and an empty token loaded but could not be decoded.

@@ -105,7 +105,7 @@ TEST(CheckpointWriter, ReplacesAtomicallyAndCleansUp) {
   fs::remove_all(root);
 }
 
-// Known-bad optimizer.json files (each found by fuzz/fuzz_checkpoint.cpp): a
+// Known-bad optimizer.json files (found while writing fuzz/fuzz_checkpoint.cpp): a
 // clear error naming the file and the problem, and nothing half-loaded.
 TEST(OptimizerState, BadGroupsJsonIsAClearError) {
   auto p = torch::ones({2}, torch::requires_grad());

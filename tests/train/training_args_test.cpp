@@ -141,7 +141,7 @@ TEST(TrainingArguments, ClearErrors) {
             std::string::npos);
 }
 
-// Known-bad configs, each a clear error naming the key (found by fuzz/).
+// Known-bad configs, each a clear error naming the key (fuzz/ checks the same readers).
 TEST(TrainingArguments, BadConfigsNameTheKey) {
   // An integral float past int64 was cast to int64 (undefined behaviour).
   EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"seed": 1e300})"); }),
@@ -166,8 +166,8 @@ TEST(TrainingArguments, BadConfigsNameTheKey) {
   EXPECT_NE(error_of([] { TrainingArguments::from_yaml("{fp16: true"); }).find("malformed YAML"),
             std::string::npos);
   EXPECT_EQ(TrainingArguments::from_yaml("bf16: true\nseed: 7\n").seed, 7);
-  // Bytes that are not UTF-8 (found by fuzz/): the error message itself threw
-  // a raw JSON error, and training_args.json could not have been written.
+  // Bytes that are not UTF-8 (found by fuzz/fuzz_training_args_yaml): the error message itself
+  // threw a raw JSON error, and training_args.json could not have been written.
   EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("fp16: t\x8cue\n"); }),
             "TrainingArguments: 'fp16' expects a boolean, got \"t\xEF\xBF\xBDue\" (string)");
   EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("output_dir: a\x8c\n"); }),
