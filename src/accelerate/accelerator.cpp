@@ -217,8 +217,14 @@ void Accelerator::load_state(const std::string& dir_name) {
   }
   if (shared_->scaler) {
     const json state = read_json("scaler.json");
+    std::map<std::string, double> values;
     TORCH_CHECK(state.is_object(), (dir / "scaler.json").string(), ": expected an object");
-    shared_->scaler->load_state_dict(state.get<std::map<std::string, double>>());
+    for (const auto& [key, value] : state.items()) {
+      TORCH_CHECK(value.is_number(), (dir / "scaler.json").string(), ": '", key,
+                  "' expects a number, got ", value.dump());
+      values[key] = value.get<double>();
+    }
+    shared_->scaler->load_state_dict(values);
   }
   const auto rng_file = dir / ("random_states_" + std::to_string(process_index()) + ".safetensors");
   io::load_rng_state(io::load_safetensors(rng_file), rng_file.string());
@@ -233,7 +239,13 @@ void Accelerator::load_state(const std::string& dir_name) {
       TORCH_CHECK(false, (dir / name).string(), ": ", e.what());
     }
   }
-  shared_->step = read_json("accelerator.json").value("step", int64_t{0});
+  const json accelerator_state = read_json("accelerator.json");
+  const json step =
+      accelerator_state.is_object() ? accelerator_state.value("step", json(0)) : json();
+  TORCH_CHECK(step.is_number_integer() && step.get<int64_t>() >= 0,
+              (dir / "accelerator.json").string(), ": expected {\"step\": integer >= 0}, got ",
+              accelerator_state.dump());
+  shared_->step = step.get<int64_t>();
 }
 
 AcceleratedOptimizer::AcceleratedOptimizer(torch::optim::Optimizer& optimizer,

@@ -278,15 +278,28 @@ void GradScaler::load_state_dict(const std::map<std::string, double>& state) {
     TORCH_CHECK(it != state.end(), "GradScaler::load_state_dict: missing key '", key, "'");
     return it->second;
   };
-  init_scale_ = get("scale");
-  if (scale_.defined()) scale_.fill_(init_scale_);
-  options_.growth_factor = get("growth_factor");
-  options_.backoff_factor = get("backoff_factor");
-  options_.growth_interval = static_cast<int64_t>(get("growth_interval"));
-  init_growth_tracker_ = static_cast<int64_t>(get("_growth_tracker"));
-  if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
+  // Counts come as doubles: whole numbers that fit an int64, or a clear error.
+  auto count = [&](const char* key, double value) {
+    TORCH_CHECK(value >= 0 && value < 0x1p63 && std::floor(value) == value,
+                "GradScaler::load_state_dict: '", key, "' is ", value,
+                ", expected a whole number >= 0");
+    return static_cast<int64_t>(value);
+  };
+  const double scale = get("scale"), growth_factor = get("growth_factor"),
+               backoff_factor = get("backoff_factor");
+  const int64_t growth_interval = count("growth_interval", get("growth_interval"));
+  const int64_t growth_tracker = count("_growth_tracker", get("_growth_tracker"));
+  std::optional<int64_t> hysteresis_left;
   if (auto it = state.find("_hysteresis_left"); it != state.end())
-    hysteresis_left_ = static_cast<int64_t>(it->second);
+    hysteresis_left = count("_hysteresis_left", it->second);
+  init_scale_ = scale;
+  if (scale_.defined()) scale_.fill_(init_scale_);
+  options_.growth_factor = growth_factor;
+  options_.backoff_factor = backoff_factor;
+  options_.growth_interval = growth_interval;
+  init_growth_tracker_ = growth_tracker;
+  if (growth_tracker_.defined()) growth_tracker_.fill_(init_growth_tracker_);
+  if (hysteresis_left) hysteresis_left_ = *hysteresis_left;
 }
 
 }  // namespace mixprec::amp

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
 #include <sstream>
@@ -120,6 +121,8 @@ std::optional<int64_t> parse_int(std::string_view s) {
   return value;
 }
 
+constexpr int64_t kMaxClassId = std::numeric_limits<int32_t>::max();
+
 std::shared_ptr<ClassificationDataset> from_rows(const std::string& path,
                                                  const std::vector<RawRow>& rows,
                                                  const std::string& label_field,
@@ -151,6 +154,9 @@ std::shared_ptr<ClassificationDataset> from_rows(const std::string& path,
                   shown);
       id = *value;
       TORCH_CHECK(id >= 0, where, "class id ", id, " is out of range (expected >= 0)");
+      // The class count comes from the largest id: keep it a sane size.
+      TORCH_CHECK(num_labels || id < kMaxClassId, where, "class id ", id,
+                  " is out of range (expected < ", kMaxClassId, "; or pass num_labels)");
       TORCH_CHECK(!num_labels || id < *num_labels, where, "class id ", id, " is out of range [0, ",
                   *num_labels, ")");
     } else {
@@ -394,7 +400,7 @@ std::shared_ptr<ClassificationDataset> ClassificationDataset::from_jsonl(
     nlohmann::json object;
     try {
       object = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
+    } catch (const nlohmann::json::exception& e) {
       TORCH_CHECK(false, where, "malformed JSON (", e.what(), ")");
     }
     TORCH_CHECK(object.is_object(), where, "expected a JSON object, got ", object.type_name());

@@ -319,7 +319,7 @@ BPETokenizer BPETokenizer::from_json(std::string_view text, const std::string& s
   json root;
   try {
     root = json::parse(text);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     throw std::runtime_error(source + ": invalid JSON: " + e.what());
   }
   if (!root.is_object()) {
@@ -349,13 +349,14 @@ BPETokenizer BPETokenizer::from_json(std::string_view text, const std::string& s
 
   const json& vocab = need(model, "vocab", "model", source);
   if (!vocab.is_object()) fail(source, "model.vocab", "expected an object, got " + shown(vocab));
-  int64_t size = 0;
+  int64_t max_id = -1;
   for (const auto& [token, id] : vocab.items()) {
     if (!id.is_number_integer() || id.get<int64_t>() < 0) {
       fail(source, "model.vocab." + token, "expected an id >= 0, got " + shown(id));
     }
+    if (token.empty()) fail(source, "model.vocab", "holds an empty token");
     tok.vocab_.emplace(token, id.get<int64_t>());
-    size = std::max(size, id.get<int64_t>() + 1);
+    max_id = std::max(max_id, id.get<int64_t>());
   }
 
   const json& merges = need(model, "merges", "model", source);
@@ -402,8 +403,10 @@ BPETokenizer BPETokenizer::from_json(std::string_view text, const std::string& s
 
   // Pipeline around the model: GPT-2's, nothing else.
   if (root.contains("normalizer") && !root["normalizer"].is_null()) {
+    const json& normalizer = root["normalizer"];
     fail(source, "normalizer.type",
-         "unsupported: expected null, got " + shown(root["normalizer"].value("type", json())));
+         "unsupported: expected null, got " +
+             shown(normalizer.is_object() ? normalizer.value("type", json()) : normalizer));
   }
   expect_type(root, "pre_tokenizer", "", "ByteLevel", source, false);
   const json& pre = root["pre_tokenizer"];
@@ -435,10 +438,21 @@ BPETokenizer BPETokenizer::from_json(std::string_view text, const std::string& s
         }
       }
       tok.added_.push_back({content.get<std::string>(), id.get<int64_t>()});
-      size = std::max(size, id.get<int64_t>() + 1);
+      max_id = std::max(max_id, id.get<int64_t>());
     }
   }
 
+  // The id table is as long as the largest id: ids must number the tokens the
+  // file holds (as every tokenizer.json does), so its size is bounded by the file.
+  size_t tokens = tok.vocab_.size();
+  for (const auto& added : tok.added_) tokens += !tok.vocab_.count(added.content);
+  if (max_id >= 0 && static_cast<uint64_t>(max_id) >= tokens) {
+    throw std::runtime_error(source + ": id " + std::to_string(max_id) + " is past the " +
+                             std::to_string(tokens) +
+                             " tokens of model.vocab and added_tokens (ids must number them "
+                             "from 0)");
+  }
+  const auto size = static_cast<size_t>(max_id + 1);
   tok.id_to_token_.assign(size, "");
   for (const auto& [token, id] : tok.vocab_) tok.id_to_token_[id] = token;
   tok.is_added_.assign(size, false);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <set>
 
@@ -74,9 +75,14 @@ std::unique_ptr<S> get_adam_like(const TensorMap& state, const std::string& pref
     s->max_exp_avg_sq(take(state, prefix + "max_exp_avg_sq", param, source));
   // LibTorch counts steps in an int64, mixprec's AdamW in a tensor, as PyTorch does.
   const at::Tensor step = take(state, prefix + "step", {}, source);
-  if constexpr (std::is_same_v<std::decay_t<decltype(s->step())>, int64_t>)
-    s->step(static_cast<int64_t>(step.item<double>()));
-  else
+  if constexpr (std::is_same_v<std::decay_t<decltype(s->step())>, int64_t>) {
+    TORCH_CHECK(step.numel() == 1, source, ": optimizer state '", prefix, "step' has shape ",
+                step.sizes(), ", expected one value");
+    const double value = step.item<double>();
+    TORCH_CHECK(value >= 0 && value < 0x1p63 && std::floor(value) == value, source,
+                ": optimizer state '", prefix, "step' is ", value, ", expected a step count");
+    s->step(static_cast<int64_t>(value));
+  } else
     s->step(step.clone());
   return s;
 }
@@ -162,23 +168,36 @@ OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer) {
 void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerState& state,
                           const std::string& source) {
   const Kind kind = kind_of(optimizer);
-  json groups;
+  json root;
   try {
-    groups = json::parse(state.groups_json).at("param_groups");
+    root = json::parse(state.groups_json);
   } catch (const json::exception& e) {
     TORCH_CHECK(false, source, ": malformed optimizer state: ", e.what());
   }
+  TORCH_CHECK(root.is_object() && root.contains("param_groups") && root["param_groups"].is_array(),
+              source, ": malformed optimizer state: expected {\"param_groups\": [...]}");
+  const json& groups = root["param_groups"];
   auto& param_groups = optimizer.param_groups();
-  TORCH_CHECK(groups.is_array() && groups.size() == param_groups.size(), source, ": ",
-              groups.size(), " param groups in the checkpoint, ", param_groups.size(),
-              " in the optimizer");
+  TORCH_CHECK(groups.size() == param_groups.size(), source, ": ", groups.size(),
+              " param groups in the checkpoint, ", param_groups.size(), " in the optimizer");
+  // Check every group before changing anything.
+  std::vector<double> lrs;
+  for (size_t g = 0; g < param_groups.size(); ++g) {
+    const json& group = groups[g];
+    TORCH_CHECK(group.is_object() && group.contains("lr") && group["lr"].is_number() &&
+                    group.contains("params") && group["params"].is_number_unsigned(),
+                source, ": param group ", g, ": expected {\"lr\": number, \"params\": count}, got ",
+                group.dump());
+    TORCH_CHECK(group["params"].get<uint64_t>() == param_groups[g].params().size(), source,
+                ": param group ", g, " holds ", group["params"].get<uint64_t>(),
+                " parameters in the checkpoint, ", param_groups[g].params().size(),
+                " in the optimizer");
+    lrs.push_back(group["lr"].get<double>());
+  }
   size_t index = 0;
   for (size_t g = 0; g < param_groups.size(); ++g) {
     auto& group = param_groups[g];
-    TORCH_CHECK(groups[g].value("params", size_t{0}) == group.params().size(), source,
-                ": param group ", g, " holds ", groups[g].value("params", size_t{0}),
-                " parameters in the checkpoint, ", group.params().size(), " in the optimizer");
-    group.options().set_lr(groups[g].at("lr").get<double>());
+    group.options().set_lr(lrs[g]);
     for (const auto& param : group.params()) {
       const std::string prefix = "state." + std::to_string(index++) + ".";
       const bool present = std::any_of(state.tensors.begin(), state.tensors.end(),
@@ -290,9 +309,17 @@ void verify_checkpoint(const std::filesystem::path& dir) {
   } catch (const json::exception& e) {
     TORCH_CHECK(false, manifest.string(), ": malformed: ", e.what());
   }
+  TORCH_CHECK(sums.is_object(), manifest.string(), ": expected an object of {file: checksum}, got ",
+              sums.type_name());
   for (const auto& [name, sum] : sums.items()) {
+    // Only files of this folder: a name must not reach elsewhere ("../x",
+    // "/dev/zero") or name the folder itself.
+    TORCH_CHECK(!name.empty() && name != "." && name != ".." &&
+                    name.find('/') == std::string::npos && name.find('\0') == std::string::npos,
+                manifest.string(), ": '", name, "' is not a file name in the checkpoint folder");
     const auto file = dir / name;
     TORCH_CHECK(std::filesystem::exists(file), file.string(), ": missing from the checkpoint");
+    TORCH_CHECK(std::filesystem::is_regular_file(file), file.string(), ": not a regular file");
     TORCH_CHECK(sum.is_string() && checksum(file) == sum.get<std::string>(), file.string(),
                 ": checksum mismatch: the file is damaged");
   }

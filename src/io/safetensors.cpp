@@ -90,8 +90,11 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
 
 TensorMap load_safetensors(const std::filesystem::path& path,
                            std::map<std::string, std::string>* metadata) {
-  const std::string file = path.string();
-  const std::string bytes = read_file(path);
+  return parse_safetensors(read_file(path), path.string(), metadata);
+}
+
+TensorMap parse_safetensors(std::string_view bytes, const std::string& file,
+                            std::map<std::string, std::string>* metadata) {
   TORCH_CHECK(bytes.size() >= 8, file, ": too short for a safetensors file (", bytes.size(),
               " bytes; the header length alone takes 8)");
   uint64_t header_size = 0;
@@ -103,7 +106,7 @@ TensorMap load_safetensors(const std::filesystem::path& path,
   try {
     header =
         json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<ptrdiff_t>(header_size));
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     TORCH_CHECK(false, file, ": malformed JSON header: ", e.what());
   }
   TORCH_CHECK(header.is_object(), file, ": the header is not a JSON object");

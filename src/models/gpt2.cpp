@@ -54,6 +54,14 @@ torch::Tensor gelu_new(const torch::Tensor& x) {
   return 0.5 * x * (1.0 + at::tanh(k * (x + 0.044715 * at::pow(x, 3.0))));
 }
 
+// A lower bound on the parameters of a GPT-2 of this config (embeddings and the
+// layers' weight matrices), in a double so that no config overflows it.
+double min_parameter_count(const GPT2Config& c) {
+  const auto d = [](int64_t v) { return static_cast<double>(v); };
+  return (d(c.vocab_size) + d(c.n_positions)) * d(c.n_embd) +
+         d(c.n_layer) * 12.0 * d(c.n_embd) * d(c.n_embd);
+}
+
 std::string shape_of(at::IntArrayRef sizes) {
   std::ostringstream s;
   s << sizes;
@@ -71,7 +79,7 @@ GPT2Config GPT2Config::from_json_file(const std::filesystem::path& path) {
   json j;
   try {
     j = json::parse(file);
-  } catch (const json::parse_error& e) {
+  } catch (const json::exception& e) {
     TORCH_CHECK(false, in_file(path), "not valid JSON: ", e.what());
   }
   TORCH_CHECK(j.is_object(), in_file(path), "not a JSON object but ", j.type_name());
@@ -99,13 +107,13 @@ GPT2Config GPT2Config::from_json_file(const std::filesystem::path& path) {
   expect_default(j, "scale_attn_by_inverse_layer_idx", false, path);
   expect_default(j, "reorder_and_upcast_attn", false, path);
   expect_default(j, "add_cross_attention", false, path);
-  if (j.contains("n_inner") && !j["n_inner"].is_null())
-    expect_default(j, "n_inner", 4 * c.n_embd, path);
   try {
     c.validate();
   } catch (const c10::Error& e) {
     TORCH_CHECK(false, in_file(path), e.what_without_backtrace());
   }
+  if (j.contains("n_inner") && !j["n_inner"].is_null())
+    expect_default(j, "n_inner", 4 * c.n_embd, path);
   return c;
 }
 
@@ -151,6 +159,9 @@ void GPT2Config::validate() const {
                              {"n_layer", n_layer},
                              {"n_head", n_head}})
     TORCH_CHECK(value > 0, "Invalid ", name, ": ", value, " (expected > 0)");
+  TORCH_CHECK(min_parameter_count(*this) < 1e15, "Invalid config: vocab_size ", vocab_size,
+              ", n_positions ", n_positions, ", n_embd ", n_embd, " and n_layer ", n_layer,
+              " make more than 10^15 parameters");
   TORCH_CHECK(n_embd % n_head == 0, "Invalid n_embd ", n_embd, ": not divisible by n_head ",
               n_head);
   TORCH_CHECK(layer_norm_epsilon > 0, "Invalid layer_norm_epsilon: ", layer_norm_epsilon,
@@ -326,10 +337,23 @@ void GPT2LMHeadModelImpl::save_pretrained(const std::filesystem::path& dir) cons
 }
 
 GPT2LMHeadModel GPT2LMHeadModel::from_pretrained(const std::filesystem::path& dir) {
-  GPT2LMHeadModel model(GPT2Config::from_json_file(dir / "config.json"));
+  const GPT2Config config = GPT2Config::from_json_file(dir / "config.json");
   const auto file = dir / "model.safetensors";
   auto tensors = io::load_safetensors(file);
   const std::string at = "from_pretrained: '" + file.string() + "': ";
+  // The model is allocated from config.json's sizes: check first that the
+  // weights file can fill it, so a wrong config cannot ask for any memory it likes.
+  double values = 0;
+  for (const auto& [name, t] : tensors) values += static_cast<double>(t.numel());
+  // Within twice the file (plus 1M) the model is built, so that a missing or
+  // misshapen tensor is reported by name below.
+  TORCH_CHECK(min_parameter_count(config) <= 2 * values + 1e6, at, "holds ",
+              static_cast<int64_t>(values), " values, far fewer than the ",
+              static_cast<int64_t>(min_parameter_count(config)),
+              " parameters (at least) of the model that config.json describes (vocab_size ",
+              config.vocab_size, ", n_positions ", config.n_positions, ", n_embd ", config.n_embd,
+              ", n_layer ", config.n_layer, ")");
+  GPT2LMHeadModel model(config);
   std::set<std::string> used;
   torch::NoGradGuard no_grad;
   for (auto& item : model->named_parameters()) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 namespace mixprec::train::detail {
@@ -27,7 +28,21 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-std::string describe(const json& v) { return v.dump() + " (" + std::string(v.type_name()) + ")"; }
+// The value as JSON text; bytes that are not UTF-8 (YAML and flags may hold
+// them) shown as U+FFFD rather than failing.
+std::string describe(const json& v) {
+  return v.dump(-1, ' ', false, json::error_handler_t::replace) + " (" +
+         std::string(v.type_name()) + ")";
+}
+
+// training_args.json must be able to hold every string: they must be UTF-8.
+void check_utf8(const std::string& s, const std::string& prefix) {
+  try {
+    (void)json(s).dump();
+  } catch (const json::type_error&) {
+    TORCH_CHECK(false, prefix, " expects UTF-8 text, got ", describe(s));
+  }
+}
 
 // YAML scalars carry no JSON type: plain ones are read as YAML 1.2's core
 // schema reads them (null, booleans, integers, floats), quoted ones as strings.
@@ -71,19 +86,23 @@ bool is_bool_literal(const std::string& s) {
 
 }  // namespace
 
+json parse_config_text(const std::string& text, bool yaml, const std::string& owner) {
+  try {
+    return yaml ? yaml_to_json(YAML::Load(text)) : json::parse(text);
+  } catch (const YAML::Exception& e) {
+    TORCH_CHECK(false, owner, ": malformed YAML: ", e.what());
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, owner, ": malformed JSON: ", e.what());
+  }
+}
+
 json read_config_file(const std::string& path, const std::string& owner) {
   std::ifstream in(path);
   TORCH_CHECK(in.good(), owner, ": cannot open '", path, "'");
   std::stringstream text;
   text << in.rdbuf();
-  const bool yaml = path.ends_with(".yaml") || path.ends_with(".yml");
-  try {
-    return yaml ? yaml_to_json(YAML::Load(text.str())) : json::parse(text.str());
-  } catch (const YAML::Exception& e) {
-    TORCH_CHECK(false, owner, ": ", path, ": malformed YAML: ", e.what());
-  } catch (const json::parse_error& e) {
-    TORCH_CHECK(false, owner, ": ", path, ": malformed JSON: ", e.what());
-  }
+  return parse_config_text(text.str(), path.ends_with(".yaml") || path.ends_with(".yml"),
+                           owner + ": " + path);
 }
 
 ArgumentParser& ArgumentParser::add_group(std::string title, std::vector<Argument> arguments) {
@@ -173,10 +192,16 @@ void assign_value(bool& field, const json& v, const std::string& prefix) {
   field = v.get<bool>();
 }
 void assign_value(int64_t& field, const json& v, const std::string& prefix) {
-  const bool integral = v.is_number_integer() ||
-                        (v.is_number_float() && std::floor(v.get<double>()) == v.get<double>());
+  const double d = v.is_number() ? v.get<double>() : 0.0;
+  const bool integral = v.is_number_integer() || (v.is_number_float() && std::floor(d) == d);
   TORCH_CHECK(integral, prefix, " expects an integer, got ", describe(v));
-  field = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(v.get<double>());
+  // 2^63 is exact in a double; anything from there up does not fit an int64.
+  const bool fits = v.is_number_unsigned()
+                        ? v.get<uint64_t>() <= uint64_t{std::numeric_limits<int64_t>::max()}
+                        : v.is_number_integer() || (d >= -0x1p63 && d < 0x1p63);
+  TORCH_CHECK(fits, prefix, " expects an integer, got ", describe(v),
+              ", which does not fit in 64 bits");
+  field = v.is_number_integer() ? v.get<int64_t>() : static_cast<int64_t>(d);
 }
 void assign_value(double& field, const json& v, const std::string& prefix) {
   TORCH_CHECK(v.is_number(), prefix, " expects a number, got ", describe(v));
@@ -184,10 +209,12 @@ void assign_value(double& field, const json& v, const std::string& prefix) {
 }
 void assign_value(std::string& field, const json& v, const std::string& prefix) {
   TORCH_CHECK(v.is_string(), prefix, " expects a string, got ", describe(v));
+  check_utf8(v.get<std::string>(), prefix);
   field = v.get<std::string>();
 }
 void assign_value(std::vector<std::string>& field, const json& v, const std::string& prefix) {
   if (v.is_string()) {  // "tensorboard" or "tensorboard,jsonl"
+    check_utf8(v.get<std::string>(), prefix);
     field.clear();
     std::stringstream parts(v.get<std::string>());
     for (std::string part; std::getline(parts, part, ',');)
@@ -197,6 +224,7 @@ void assign_value(std::vector<std::string>& field, const json& v, const std::str
   TORCH_CHECK(
       v.is_array() && std::all_of(v.begin(), v.end(), [](auto& e) { return e.is_string(); }),
       prefix, " expects a list of strings, got ", describe(v));
+  for (const auto& item : v) check_utf8(item.get<std::string>(), prefix);
   field = v.get<std::vector<std::string>>();
 }
 

@@ -34,6 +34,8 @@ struct Argument {
 template <typename T>
 Argument argument(const char* name, T& field, std::vector<std::string> aliases = {});
 
+/// JSON or YAML text as JSON; `owner` starts error messages.
+json parse_config_text(const std::string& text, bool yaml, const std::string& owner);
 /// A .json or .yaml/.yml file as JSON; YAML plain scalars typed as YAML 1.2's
 /// core schema types them. `owner` starts error messages.
 json read_config_file(const std::string& path, const std::string& owner);

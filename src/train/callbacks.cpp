@@ -4,6 +4,8 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
+#include <cstdint>
+#include <limits>
 
 namespace mixprec::train {
 
@@ -16,11 +18,16 @@ json optional_json(const std::optional<T>& v) {
   return v ? json(*v) : json(nullptr);
 }
 
+// Whether a double holds an integer that an int64 can hold.
+bool is_int64(double value) {
+  return std::isfinite(value) && std::floor(value) == value && value >= -0x1p63 && value < 0x1p63;
+}
+
 // Logs hold doubles; HF writes step counts as integers.
 json log_entry(const Metrics& entry) {
   json out = json::object();
   for (const auto& [key, value] : entry) {
-    if (key == "step" || key.ends_with("_steps") || key == "total_flos")
+    if ((key == "step" || key.ends_with("_steps") || key == "total_flos") && is_int64(value))
       out[key] = static_cast<int64_t>(value);
     else if (std::isfinite(value))
       out[key] = value;
@@ -58,35 +65,87 @@ std::string TrainerState::to_json() const {
   return out.dump(2);
 }
 
+namespace {
+
+// Typed reads of trainer_state.json that name the key, what was expected and
+// what was found.
+struct StateReader {
+  const json& j;
+  const std::string& source;
+
+  const json* find(const char* key, bool required) const {
+    auto it = j.find(key);
+    const bool present = it != j.end() && !it->is_null();
+    TORCH_CHECK(present || !required, source, ": not a trainer state: missing key '", key, "'");
+    return present ? &*it : nullptr;
+  }
+  [[noreturn]] void wrong(const char* key, const char* expected, const json& v) const {
+    TORCH_CHECK(false, source, ": not a trainer state: '", key, "' expects ", expected, ", got ",
+                v.dump(), " (", v.type_name(), ")");
+  }
+  std::optional<int64_t> integer(const char* key, bool required = false) const {
+    const json* v = find(key, required);
+    if (!v) return std::nullopt;
+    if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t{INT64_MAX})
+      wrong(key, "an integer that fits in 64 bits", *v);
+    if (v->is_number_integer()) return v->get<int64_t>();
+    // HF writes a ratio (0.1) for logging/eval/save steps below 1: truncated, as before.
+    const double d = v->is_number_float() ? std::trunc(v->get<double>()) : 0.5;
+    if (is_int64(d)) return static_cast<int64_t>(d);
+    wrong(key, "an integer", *v);
+  }
+  std::optional<double> number(const char* key, bool required = false) const {
+    const json* v = find(key, required);
+    if (!v) return std::nullopt;
+    if (!v->is_number()) wrong(key, "a number", *v);
+    return v->get<double>();
+  }
+};
+
+}  // namespace
+
 TrainerState TrainerState::from_json(const std::string& text, const std::string& source) {
-  TrainerState s;
+  json j;
   try {
-    const json j = json::parse(text);
-    s.epoch = j.at("epoch").get<double>();
-    s.global_step = j.at("global_step").get<int64_t>();
-    s.max_steps = j.value("max_steps", int64_t{0});
-    s.logging_steps = j.value("logging_steps", int64_t{500});
-    s.eval_steps = j.value("eval_steps", int64_t{500});
-    s.save_steps = j.value("save_steps", int64_t{500});
-    if (!j.value("train_batch_size", json()).is_null())
-      s.train_batch_size = j.at("train_batch_size").get<int64_t>();
-    s.num_train_epochs = j.value("num_train_epochs", int64_t{0});
-    s.num_input_tokens_seen = j.value("num_input_tokens_seen", int64_t{0});
-    s.total_flos = j.value("total_flos", 0.0);
-    for (const auto& entry : j.at("log_history")) {
+    j = json::parse(text);
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, source, ": not a trainer state: malformed JSON: ", e.what());
+  }
+  TORCH_CHECK(j.is_object(), source, ": not a trainer state: expected a JSON object, got ",
+              j.type_name());
+  const StateReader r{j, source};
+  TrainerState s;
+  s.epoch = r.number("epoch", /*required=*/true).value_or(0.0);
+  s.global_step = r.integer("global_step", /*required=*/true).value_or(0);
+  s.max_steps = r.integer("max_steps").value_or(0);
+  s.logging_steps = r.integer("logging_steps").value_or(500);
+  s.eval_steps = r.integer("eval_steps").value_or(500);
+  s.save_steps = r.integer("save_steps").value_or(500);
+  s.train_batch_size = r.integer("train_batch_size");
+  s.num_train_epochs = r.integer("num_train_epochs").value_or(0);
+  s.num_input_tokens_seen = r.integer("num_input_tokens_seen").value_or(0);
+  s.total_flos = r.number("total_flos").value_or(0.0);
+  const json* history = r.find("log_history", /*required=*/true);
+  if (history && !history->is_array()) r.wrong("log_history", "a list", *history);
+  if (history) {
+    for (const auto& entry : *history) {
+      if (!entry.is_object()) r.wrong("log_history", "a list of objects", entry);
       Metrics m;
-      for (const auto& [key, value] : entry.items())
+      for (const auto& [key, value] : entry.items()) {
         if (value.is_number()) m[key] = value.get<double>();
+        // What log_entry writes for values JSON has no number for.
+        if (value == "NaN") m[key] = std::numeric_limits<double>::quiet_NaN();
+        if (value == "Infinity") m[key] = std::numeric_limits<double>::infinity();
+        if (value == "-Infinity") m[key] = -std::numeric_limits<double>::infinity();
+      }
       s.log_history.push_back(m);
     }
-    if (!j.value("best_metric", json()).is_null())
-      s.best_metric = j.at("best_metric").get<double>();
-    if (!j.value("best_global_step", json()).is_null())
-      s.best_global_step = j.at("best_global_step").get<int64_t>();
-    if (!j.value("best_model_checkpoint", json()).is_null())
-      s.best_model_checkpoint = j.at("best_model_checkpoint").get<std::string>();
-  } catch (const json::exception& e) {
-    TORCH_CHECK(false, source, ": not a trainer state: ", e.what());
+  }
+  s.best_metric = r.number("best_metric");
+  s.best_global_step = r.integer("best_global_step");
+  if (const json* best = r.find("best_model_checkpoint", false)) {
+    if (!best->is_string()) r.wrong("best_model_checkpoint", "a string or null", *best);
+    s.best_model_checkpoint = best->get<std::string>();
   }
   return s;
 }

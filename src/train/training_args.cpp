@@ -169,14 +169,15 @@ detail::ArgumentParser parser_of(TrainingArguments& args) {
 }  // namespace
 
 TrainingArguments TrainingArguments::from_json(const std::string& json_text) {
-  detail::json object;
-  try {
-    object = detail::json::parse(json_text);
-  } catch (const detail::json::parse_error& e) {
-    TORCH_CHECK(false, "TrainingArguments: malformed JSON: ", e.what());
-  }
   TrainingArguments args;
-  parser_of(args).assign(object);
+  parser_of(args).assign(detail::parse_config_text(json_text, /*yaml=*/false, "TrainingArguments"));
+  args.validate();
+  return args;
+}
+
+TrainingArguments TrainingArguments::from_yaml(const std::string& yaml_text) {
+  TrainingArguments args;
+  parser_of(args).assign(detail::parse_config_text(yaml_text, /*yaml=*/true, "TrainingArguments"));
   args.validate();
   return args;
 }

@@ -288,6 +288,19 @@ TEST(ClassificationDatasetJsonl, BadInputNamesFileLineAndProblem) {
                                                    "class name (as on line 1), got 0"));
   auto text_type = write_file("texttype.jsonl", "{\"text\": 5, \"label\": 0}\n");
   EXPECT_TRUE(has(error_of(load(text_type)), text_type + ":1: key 'text' must be a string, got 5"));
+  // Found while writing fuzz/fuzz_dataset.cpp: a number too large for a double escaped as
+  // a raw JSON error; the largest class id + 1 overflowed.
+  auto overflow = write_file("overflow.jsonl", "{\"text\": \"a\", \"label\": 1e400}\n");
+  EXPECT_TRUE(has(error_of(load(overflow)), overflow + ":1: malformed JSON (") &&
+              has(error_of(load(overflow)), "number overflow"));
+  auto huge = write_file("huge.jsonl", "{\"text\": \"a\", \"label\": 9223372036854775807}\n");
+  EXPECT_TRUE(has(error_of(load(huge)), huge + ":1: label key 'label': class id "
+                                               "9223372036854775807 is out of range (expected < "
+                                               "2147483647; or pass num_labels)"));
+  EXPECT_TRUE(has(error_of([&] {
+                    ClassificationDataset::from_jsonl(huge, "text", "label", encode_bytes, 8, 4);
+                  }),
+                  "class id 9223372036854775807 is out of range [0, 4)"));
 }
 
 }  // namespace

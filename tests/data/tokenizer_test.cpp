@@ -237,6 +237,23 @@ TEST(BPETokenizer, BadInput) {
   expect_load_error([](json& j) { j["pre_tokenizer"]["add_prefix_space"] = "yes"; },
                     "key 'pre_tokenizer.add_prefix_space': expected a boolean, got \"yes\"");
 
+  // Found while writing fuzz/fuzz_tokenizer.cpp: the id table was sized by the largest id
+  // (any size a file claimed; INT64_MAX overflowed), a number too large for a
+  // double escaped as a raw JSON error, so did a normalizer that is no object,
+  // and an empty token loaded but could not be decoded.
+  expect_load_error([](json& j) { j["model"]["vocab"]["a"] = int64_t{1} << 40; },
+                    "tok.json: id 1099511627776 is past the 1000 tokens of model.vocab and "
+                    "added_tokens (ids must number them from 0)");
+  expect_load_error([](json& j) { j["model"]["vocab"]["a"] = INT64_MAX; }, "is past the");
+  expect_load_error([](json& j) { j["added_tokens"][0]["id"] = 5000; },
+                    "tok.json: id 5000 is past the");
+  expect_error([] { BPETokenizer::from_json(R"({"model": 1e400})", "tok.json"); },
+               "tok.json: invalid JSON: [json.exception.out_of_range.406] number overflow");
+  expect_load_error([](json& j) { j["normalizer"] = 5; },
+                    "tok.json: key 'normalizer.type': unsupported: expected null, got 5");
+  expect_load_error([](json& j) { j["model"]["vocab"][""] = 3; },
+                    "tok.json: key 'model.vocab': holds an empty token");
+
   auto tok = BPETokenizer::from_file(kTokenizerPath);
   expect_error(
       [&] {

@@ -6,7 +6,10 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
 
 namespace {
 
@@ -100,6 +103,74 @@ TEST(CheckpointWriter, ReplacesAtomicallyAndCleansUp) {
   for (const auto& entry : fs::directory_iterator(root)) names.push_back(entry.path().filename());
   EXPECT_EQ(names, std::vector<std::string>{"checkpoint-1"});
   fs::remove_all(root);
+}
+
+// Known-bad optimizer.json files (found while writing fuzz/fuzz_checkpoint.cpp): a
+// clear error naming the file and the problem, and nothing half-loaded.
+TEST(OptimizerState, BadGroupsJsonIsAClearError) {
+  auto p = torch::ones({2}, torch::requires_grad());
+  torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.1).momentum(0.9));
+  auto error = [&](const std::string& groups) {
+    return error_of([&] {
+      mixprec::io::load_optimizer_state(sgd, {{}, groups}, "optimizer.json");
+    });
+  };
+  EXPECT_NE(error("[1]").find("optimizer.json: malformed optimizer state: expected "
+                              "{\"param_groups\": [...]}"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"param_groups": [5]})")
+                .find("optimizer.json: param group 0: expected {\"lr\": number, \"params\": "
+                      "count}, got 5"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"param_groups": [{"params": 1}]})").find("param group 0: expected"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"param_groups": [{"lr": 0.5, "params": "1"}]})").find("got {"),
+            std::string::npos);
+  EXPECT_NE(error(R"({"param_groups": [{"lr": 0.5, "params": 3}]})")
+                .find("param group 0 holds 3 parameters in the checkpoint, 1 in the optimizer"),
+            std::string::npos);
+  EXPECT_DOUBLE_EQ(sgd.param_groups()[0].options().get_lr(), 0.1);  // untouched
+  // LibTorch's Adam counts steps in an int64: a NaN or huge step is refused.
+  torch::optim::Adam adam({p});
+  for (double step : {std::nan(""), 1e300, -1.0}) {
+    mixprec::io::OptimizerState state{{{"state.0.exp_avg", torch::zeros({2})},
+                                       {"state.0.exp_avg_sq", torch::zeros({2})},
+                                       {"state.0.step", torch::tensor(step, torch::kDouble)}},
+                                      R"({"param_groups": [{"lr": 0.001, "params": 1}]})"};
+    EXPECT_NE(error_of([&] {
+                mixprec::io::load_optimizer_state(adam, state, "adam.json");
+              }).find("adam.json: optimizer state 'state.0.step' is"),
+              std::string::npos)
+        << step;
+  }
+}
+
+TEST(VerifyCheckpoint, ChecksumsJsonNamesOnlyFilesOfTheFolder) {
+  const auto dir = fs::temp_directory_path() / ("mixprec_verify_" + std::to_string(getpid()));
+  fs::remove_all(dir);
+  {
+    mixprec::io::CheckpointWriter writer(dir);
+    writer.write_text("note.txt", "text");
+    writer.commit();
+  }
+  mixprec::io::verify_checkpoint(dir);
+  auto error = [&](const std::string& manifest) {
+    std::ofstream(dir / "checksums.json", std::ios::trunc) << manifest;
+    return error_of([&] { mixprec::io::verify_checkpoint(dir); });
+  };
+  // A name outside the folder would read any file: /dev/zero never ends.
+  for (const char* name : {"/dev/zero", "../note.txt", "", ".", "..", "sub/x"})
+    EXPECT_NE(
+        error(nlohmann::json{{name, "0"}}.dump()).find("is not a file name in the checkpoint"),
+        std::string::npos)
+        << name;
+  EXPECT_NE(error("[\"note.txt\"]").find("expected an object of {file: checksum}, got array"),
+            std::string::npos);
+  EXPECT_NE(error("{\"note.txt\": 5}").find("note.txt: checksum mismatch"), std::string::npos);
+  EXPECT_NE(error("{\"missing.txt\": \"0\"}").find("missing.txt: missing from the checkpoint"),
+            std::string::npos);
+  EXPECT_NE(error("{\"note.txt\"").find("checksums.json: malformed"), std::string::npos);
+  fs::remove_all(dir);
 }
 
 }  // namespace

@@ -141,6 +141,24 @@ TEST_F(Safetensors, BadFilesAreClearErrors) {
   expect_error(path("missing.safetensors"), "cannot open");
 }
 
+TEST_F(Safetensors, ATruncatedFileIsAClearError) {
+  const auto file = path("whole.safetensors");
+  save_safetensors(file, {{"a", torch::ones({4})}, {"b", torch::ones({8}, torch::kDouble)}});
+  const std::string bytes = mixprec::io::read_file(file);
+  // Cut inside the data: the last tensor's offsets now run past the end.
+  const std::string cut = bytes.substr(0, bytes.size() - 10);
+  EXPECT_NE(error_of([&] {
+              mixprec::io::parse_safetensors(cut, "cut.safetensors");
+            }).find("cut.safetensors: tensor 'b': data_offsets [16, 80] lie outside the data"),
+            std::string::npos);
+  // Cut inside the header: the header length runs past the end.
+  EXPECT_NE(error_of([&] {
+              mixprec::io::parse_safetensors(bytes.substr(0, 20), "head");
+            }).find("head: header length"),
+            std::string::npos);
+  EXPECT_EQ(mixprec::io::parse_safetensors(bytes, "whole").size(), 2u);
+}
+
 TEST_F(Safetensors, AFailedWriteLeavesTheOldFile) {
   const auto file = path("keep.safetensors");
   save_safetensors(file, {{"x", torch::ones({2})}});

@@ -238,6 +238,17 @@ TEST_F(GPT2, BadConfigsAreClearErrors) {
   EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(
                    tiny_with_config([](json& c) { c["model_type"] = "llama"; })),
                "model_type is \"llama\", expected \"gpt2\"");
+  // A config.json that asks for a model larger than its weights file is refused
+  // before the model is allocated (the tiny model has ~100k parameters).
+  EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(
+                   tiny_with_config([](json& c) { c["vocab_size"] = int64_t{1} << 30; })),
+               "far fewer than the 68719579136 parameters (at least) of the model that config.json "
+               "describes (vocab_size 1073741824");
+  EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(
+                   tiny_with_config([](json& c) { c["n_embd"] = int64_t{1} << 60; })),
+               "make more than 10^15 parameters");
+  std::ofstream(dir_ / "overflow.json") << R"({"vocab_size": 1e400})";
+  EXPECT_ERROR(GPT2Config::from_json_file(dir_ / "overflow.json"), "not valid JSON");
   const auto e = error_of([&] { GPT2Config::from_json_file(dir_ / "config.json"); });
   EXPECT_NE(e.find("config.json '" + (dir_ / "config.json").string() + "'"), std::string::npos)
       << e;

@@ -141,6 +141,43 @@ TEST(TrainingArguments, ClearErrors) {
             std::string::npos);
 }
 
+// Known-bad configs, each a clear error naming the key (fuzz/ checks the same readers).
+TEST(TrainingArguments, BadConfigsNameTheKey) {
+  // An integral float past int64 was cast to int64 (undefined behaviour).
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"seed": 1e300})"); }),
+            "TrainingArguments: 'seed' expects an integer, got 1e+300 (number), which does not "
+            "fit in 64 bits");
+  EXPECT_NE(error_of([] {
+              TrainingArguments::from_json(R"({"max_steps": 18446744073709551615})");
+            }).find("which does not fit in 64 bits"),
+            std::string::npos);
+  EXPECT_EQ(TrainingArguments::from_json(R"({"seed": -9223372036854775808})").seed, INT64_MIN);
+  EXPECT_EQ(TrainingArguments::from_json(R"({"seed": 4.0})").seed, 4);
+  // YAML text: the same checks, the same messages.
+  EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("learnig_rate: 0.1\n"); }),
+            "TrainingArguments: unknown argument 'learnig_rate'; did you mean 'learning_rate'?");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("fp16: 'yes'\n"); }),
+            "TrainingArguments: 'fp16' expects a boolean, got \"yes\" (string)");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("seed: 1e300\n"); }),
+            "TrainingArguments: 'seed' expects an integer, got 1e+300 (number), which does not "
+            "fit in 64 bits");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("- fp16\n"); }),
+            "TrainingArguments: expected an object of arguments, got array");
+  EXPECT_NE(error_of([] { TrainingArguments::from_yaml("{fp16: true"); }).find("malformed YAML"),
+            std::string::npos);
+  EXPECT_EQ(TrainingArguments::from_yaml("bf16: true\nseed: 7\n").seed, 7);
+  // Bytes that are not UTF-8 (found by fuzz/fuzz_training_args_yaml): the error message itself
+  // threw a raw JSON error, and training_args.json could not have been written.
+  EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("fp16: t\x8cue\n"); }),
+            "TrainingArguments: 'fp16' expects a boolean, got \"t\xEF\xBF\xBDue\" (string)");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("output_dir: a\x8c\n"); }),
+            "TrainingArguments: 'output_dir' expects UTF-8 text, got \"a\xEF\xBF\xBD\" (string)");
+  EXPECT_NE(error_of([] {
+              TrainingArguments::parse_args({"--report_to", "jsonl", "\xff"});
+            }).find("'report_to' expects UTF-8 text"),
+            std::string::npos);
+}
+
 TEST(TrainingArguments, JsonRoundTripAndHelp) {
   auto args = TrainingArguments::from_json(R"({"fp16": true, "save_total_limit": 3})");
   const auto again = TrainingArguments::from_json(args.to_json());

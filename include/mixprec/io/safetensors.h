@@ -5,6 +5,7 @@
 #include <filesystem>
 #include <map>
 #include <string>
+#include <string_view>
 
 namespace mixprec::io {
 
@@ -18,6 +19,10 @@ using TensorMap = std::map<std::string, at::Tensor>;
 /// error that names the file, the tensor and the problem.
 TensorMap load_safetensors(const std::filesystem::path& path,
                            std::map<std::string, std::string>* metadata = nullptr);
+
+/// load_safetensors on a file's bytes already in memory; `source` names them in errors.
+TensorMap parse_safetensors(std::string_view bytes, const std::string& source,
+                            std::map<std::string, std::string>* metadata = nullptr);
 
 /// Writes `tensors` (contiguous copies of them, on the CPU) as .safetensors,
 /// atomically: a temporary file beside `path`, fsync'd, then renamed over it.

@@ -82,6 +82,7 @@ struct TrainingArguments {
   /// type names the key, the expected type and what was found. Old names
   /// (evaluation_strategy, warmup_ratio) are accepted.
   static TrainingArguments from_json(const std::string& json_text);
+  static TrainingArguments from_yaml(const std::string& yaml_text);
   static TrainingArguments from_file(const std::string& path);
   /// `--config FILE` (optional) then `--name value` overrides; a bool flag
   /// alone means true. Validates.
