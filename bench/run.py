@@ -4,12 +4,22 @@
 several times, and prints Markdown tables of medians.
 
     python3 bench/run.py [--reps 5] [--steps 300] [--build build] [--json out.json]
+    python3 bench/run.py --workload gpt2-small|gpt2-large [--reps 3] [--steps N] [--timeout 600]
 
 Tables: steps/s per precision (fused AdamW; GradScaler for fp16) of each loop,
 ratio of mixprec to its Python twin, the Accelerator's overhead over the plain
 loop, and the final losses; and the GradScaler's own cost in fp16, as a share
 of step time: 1 - (steps/s with the scaler) / (steps/s without it), for the
 fused and the unfused AdamW.
+
+With --workload gpt2-small or gpt2-large: the level-1 loop on GPT-2
+(bench/gpt2_bench.cpp and its twin bench/gpt2_bench.py on transformers), fresh
+init, synthetic tokens, B 8, V 4096; small = 2 layers x 128, 4 heads, T 128;
+large = 6 layers x 512, 8 heads, T 256. Tokens/s over --steps steps after 2
+warm-up steps (default 20 small, 5 large), and each run's peak RSS
+(getrusage ru_maxrss in the child); mixprec's fp16 with its CPU fast path
+forced on and off. A run past --timeout seconds is reported as "timed out"
+and not tried again.
 """
 import argparse
 import json
@@ -49,14 +59,119 @@ def run_one(impl, config, args):
     return json.loads(out.strip().splitlines()[-1])
 
 
+# (impl, precision, fast path) of the GPT-2 workload; PyTorch has no fast path.
+GPT2_CONFIGS = [
+    ("mixprec", "fp32", None),
+    ("pytorch", "fp32", None),
+    ("mixprec", "bf16", None),
+    ("pytorch", "bf16", None),
+    ("mixprec", "fp16", "on"),
+    ("mixprec", "fp16", "off"),
+    ("pytorch", "fp16", None),
+]
+
+
+def run_gpt2(config, size, args):
+    impl, precision, fast_path = config
+    flags = ["--size", size, "--precision", precision, "--steps", str(args.steps)]
+    if impl == "mixprec":
+        cmd = [os.path.join(args.build, "bench", "gpt2_bench")] + flags + ["--fast-path", fast_path or "auto"]
+    else:
+        cmd = [sys.executable, os.path.join(ROOT, "bench", "gpt2_bench.py")] + flags
+    try:
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=args.timeout).stdout
+    except subprocess.TimeoutExpired:
+        return None
+    r = json.loads(out.strip().splitlines()[-1])
+    if fast_path is not None:  # the fast path was (not) taken as asked
+        assert (r["fast_path_calls"] > 0) == (fast_path == "on"), r
+    return r
+
+
+def gpt2_config_of(r):
+    return (r["impl"], r["precision"], None if r["impl"] == "pytorch" or r["fast_path"] == "auto" else r["fast_path"])
+
+
+def main_gpt2(args):
+    size = args.workload.split("-")[1]
+    if args.steps is None:
+        args.steps = 20 if size == "small" else 5
+    runs, timed_out = {}, set()
+    if args.from_json:  # print the tables of an earlier run
+        with open(args.from_json) as f:
+            saved = json.load(f)
+        args.steps, args.reps = saved["steps"], saved["reps"]
+        timed_out = {tuple(c) for c in saved["timed_out"]}
+        for r in saved["runs"]:
+            runs.setdefault(gpt2_config_of(r), []).append(r)
+    for rep in range(0 if args.from_json else args.reps):
+        for config in GPT2_CONFIGS:
+            if config in timed_out:
+                continue
+            r = run_gpt2(config, size, args)
+            if r is None:
+                timed_out.add(config)
+            else:
+                runs.setdefault(config, []).append(r)
+        print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
+
+    def median(config, key="tokens_per_s", pick=statistics.median):
+        if config in timed_out or config not in runs:
+            return None
+        return pick(r[key] for r in runs[config])
+
+    def cell(v, fmt="{:.0f}"):
+        return f"timed out (> {args.timeout:.0f} s)" if v is None else fmt.format(v)
+
+    import torch
+    shape = {"small": "2 layers x 128, 4 heads, T 128", "large": "6 layers x 512, 8 heads, T 256"}[size]
+    print(f"GPT-2 {size} ({shape}, B 8, V 4096), level-1 loop, fused AdamW, {args.steps} timed steps after 2 "
+          f"warm-up, median of {args.reps} interleaved runs; {platform.processor() or platform.machine()}, "
+          f"torch {torch.__version__}, 2 threads.\n")
+    print("| precision | mixprec tokens/s | PyTorch tokens/s | mixprec / PyTorch | best run: mixprec / PyTorch "
+          "| peak RSS MB: mixprec / PyTorch |")
+    print("|---|---|---|---|---|---|")
+    rows = [("fp32", ("mixprec", "fp32", None), ("pytorch", "fp32", None)),
+            ("bf16", ("mixprec", "bf16", None), ("pytorch", "bf16", None)),
+            ("fp16 + GradScaler, mixprec fast path on", ("mixprec", "fp16", "on"), ("pytorch", "fp16", None)),
+            ("fp16 + GradScaler, fast path off (LibTorch's fp16 kernels)", ("mixprec", "fp16", "off"),
+             ("pytorch", "fp16", None))]
+    for name, m, t in rows:
+        mv, tv = median(m), median(t)
+        ratio = "-" if mv is None or tv is None else f"{mv / tv:.2f}x"
+        print(f"| {name} | {cell(mv)} | {cell(tv)} | {ratio} | {cell(median(m, pick=max))} / "
+              f"{cell(median(t, pick=max))} | {cell(median(m, 'peak_rss_mb'))} / {cell(median(t, 'peak_rss_mb'))} |")
+
+    def ratio(a, b):
+        va, vb = median(a), median(b)
+        return "-" if va is None or vb is None else f"{va / vb:.2f}"
+
+    print(f"\nfp16 / fp32 tokens/s (medians): mixprec fast path on "
+          f"{ratio(('mixprec', 'fp16', 'on'), ('mixprec', 'fp32', None))}"
+          f", fast path off {ratio(('mixprec', 'fp16', 'off'), ('mixprec', 'fp32', None))}"
+          f", PyTorch {ratio(('pytorch', 'fp16', None), ('pytorch', 'fp32', None))}.")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"workload": args.workload, "steps": args.steps, "reps": args.reps,
+                       "timed_out": sorted(timed_out, key=str), "runs": [r for rs in runs.values() for r in rs]},
+                      f, indent=1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--workload", choices=["digits", "gpt2-small", "gpt2-large"], default="digits")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--steps", type=int, help="timed steps per run (default 300 digits, 20 gpt2-small, 5 gpt2-large)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per GPT-2 run")
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--data", default=os.path.join(ROOT, "data", "digits.csv"))
     p.add_argument("--json", help="also write every run here")
+    p.add_argument("--from-json", help="GPT-2 workloads: print the tables of a file --json wrote, run nothing")
     args = p.parse_args()
+    if args.workload != "digits":
+        return main_gpt2(args)
+    if args.steps is None:
+        args.steps = 300
 
     runs = {}
     for rep in range(args.reps):

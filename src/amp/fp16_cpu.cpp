@@ -17,18 +17,30 @@
 //
 // What: up-cast the fp16 inputs to fp32 (exact), run the fp32 kernel (fp32
 // accumulation, the fast GEMM), round the result to fp16 once.
+//
+// What not: the out= and in-place forms of the GEMMs (addmm_, mm.out, ...),
+// addbmm and _addmm_activation reach LibTorch's own fp16 kernels; nothing in
+// autocast, autograd or the models calls them with fp16. Rather than compute
+// them in fp32 behind the user's back, a kernel there warns once per op that
+// the op runs at LibTorch's fp16 speed, then calls LibTorch's kernel as is.
 #include "mixprec/amp/fp16_cpu.h"
 
 #include <ATen/ATen.h>
 #include <ATen/cpu/Utils.h>
+#include <ATen/ops/_addmm_activation_cpu_dispatch.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_backward_cpu_dispatch.h>
 #include <ATen/ops/_scaled_dot_product_flash_attention_for_cpu_cpu_dispatch.h>
+#include <ATen/ops/addbmm_cpu_dispatch.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
+#include <ATen/ops/addmv_cpu_dispatch.h>
 #include <ATen/ops/baddbmm_cpu_dispatch.h>
 #include <ATen/ops/bmm_cpu_dispatch.h>
 #include <ATen/ops/convolution_backward_compositeexplicitautograd_dispatch.h>
 #include <ATen/ops/convolution_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/dot_cpu_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
+#include <ATen/ops/mv_compositeexplicitautograd_dispatch.h>
+#include <ATen/ops/vdot_cpu_dispatch.h>
 #include <c10/util/Exception.h>
 #include <torch/library.h>
 
@@ -114,6 +126,28 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> convolution_backward(
   return {down(gi), down(gw), down(gb)};
 }
 
+// mv is composite in LibTorch (addmv.out underneath); 1-D matmul reaches it.
+at::Tensor mv(const at::Tensor& self, const at::Tensor& vec) {
+  if (!fast({&self, &vec})) return at::compositeexplicitautograd::mv(self, vec);
+  return down(at::compositeexplicitautograd::mv(up(self), up(vec)));
+}
+
+at::Tensor addmv(const at::Tensor& self, const at::Tensor& mat, const at::Tensor& vec,
+                 const at::Scalar& beta, const at::Scalar& alpha) {
+  if (!fast({&self, &mat, &vec})) return at::cpu::addmv(self, mat, vec, beta, alpha);
+  return down(at::cpu::addmv(up(self), up(mat), up(vec), beta, alpha));
+}
+
+at::Tensor dot(const at::Tensor& self, const at::Tensor& other) {
+  if (!fast({&self, &other})) return at::cpu::dot(self, other);
+  return down(at::cpu::dot(up(self), up(other)));
+}
+
+at::Tensor vdot(const at::Tensor& self, const at::Tensor& other) {
+  if (!fast({&self, &other})) return at::cpu::vdot(self, other);
+  return down(at::cpu::vdot(up(self), up(other)));
+}
+
 // logsumexp is fp32 on both paths.
 std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, const at::Tensor& key,
                                                    const at::Tensor& value, double dropout_p,
@@ -141,6 +175,49 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
   return {down(gq), down(gk), down(gv)};
 }
 
+bool is_half(const at::Tensor& t) { return t.defined() && t.scalar_type() == at::kHalf; }
+template <typename T>
+bool is_half(const T&) {
+  return false;
+}
+
+// A kernel for an op the fast path does not cover: while the fast path is on,
+// the first call with an fp16 tensor warns that this op runs at LibTorch's fp16
+// speed; every call goes to LibTorch's own kernel, Original, unchanged.
+template <const char* Name, auto Original>
+struct NotCovered;
+template <const char* Name, typename R, typename... Args, R (*Original)(Args...)>
+struct NotCovered<Name, Original> {
+  static R call(Args... args) {
+    if ((is_half(args) || ...) && wants_fast_path(g_path.load(std::memory_order_relaxed)) &&
+        !warned.exchange(true))
+      TORCH_WARN("mixprec: fp16 on the CPU: aten::", Name,
+                 " has no mixprec fast path; it runs LibTorch's own fp16 kernel, at LibTorch's "
+                 "fp16 speed (slow on CPUs without FP16 arithmetic). Shown once per op.");
+    return Original(std::forward<Args>(args)...);
+  }
+  static inline std::atomic<bool> warned{false};
+};
+
+constexpr char kMmOut[] = "mm.out";
+constexpr char kBmmOut[] = "bmm.out";
+constexpr char kAddmmOut[] = "addmm.out";
+constexpr char kAddmmInplace[] = "addmm_";
+constexpr char kBaddbmmOut[] = "baddbmm.out";
+constexpr char kBaddbmmInplace[] = "baddbmm_";
+constexpr char kAddbmm[] = "addbmm";
+constexpr char kAddbmmOut[] = "addbmm.out";
+constexpr char kAddbmmInplace[] = "addbmm_";
+constexpr char kAddmvOut[] = "addmv.out";
+constexpr char kAddmvInplace[] = "addmv_";
+constexpr char kAddmmActivation[] = "_addmm_activation";
+constexpr char kAddmmActivationOut[] = "_addmm_activation.out";
+
+template <const char* Name, auto Original>
+void not_covered(torch::Library& library) {
+  library.impl(Name, TORCH_FN((NotCovered<Name, Original>::call)));
+}
+
 class SilentWarnings : public c10::WarningHandler {
  public:
   void process(const c10::Warning&) override {}
@@ -164,6 +241,23 @@ void install() {
   library->impl("_scaled_dot_product_flash_attention_for_cpu", TORCH_FN(flash_attention));
   library->impl("_scaled_dot_product_flash_attention_for_cpu_backward",
                 TORCH_FN(flash_attention_backward));
+  library->impl("mv", TORCH_FN(mv));
+  library->impl("addmv", TORCH_FN(addmv));
+  library->impl("dot", TORCH_FN(dot));
+  library->impl("vdot", TORCH_FN(vdot));
+  not_covered<kMmOut, &at::cpu::mm_outf>(*library);
+  not_covered<kBmmOut, &at::cpu::bmm_outf>(*library);
+  not_covered<kAddmmOut, &at::cpu::addmm_outf>(*library);
+  not_covered<kAddmmInplace, &at::cpu::addmm_>(*library);
+  not_covered<kBaddbmmOut, &at::cpu::baddbmm_outf>(*library);
+  not_covered<kBaddbmmInplace, &at::cpu::baddbmm_>(*library);
+  not_covered<kAddbmm, &at::cpu::addbmm>(*library);
+  not_covered<kAddbmmOut, &at::cpu::addbmm_outf>(*library);
+  not_covered<kAddbmmInplace, &at::cpu::addbmm_>(*library);
+  not_covered<kAddmvOut, &at::cpu::addmv_outf>(*library);
+  not_covered<kAddmvInplace, &at::cpu::addmv_>(*library);
+  not_covered<kAddmmActivation, &at::cpu::_addmm_activation>(*library);
+  not_covered<kAddmmActivationOut, &at::cpu::_addmm_activation_outf>(*library);
   g_installed.store(true);
 }
 

@@ -3,11 +3,17 @@
 #include "mixprec/amp/fp16_cpu.h"
 #include "mixprec/amp/autocast.h"
 
+#include <ATen/ops/addbmm_cpu_dispatch.h>
+#include <ATen/ops/addmm_cpu_dispatch.h>
 #include <ATen/ops/mm_cpu_dispatch.h>
+#include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <functional>
+#include <string>
+#include <vector>
 
 namespace {
 
@@ -66,6 +72,29 @@ TEST_F(Fp16CpuTest, MatmulsMatchFp64ReferenceRoundedToFp16) {
   expect_within_fp16_bound(baddbmm, 0.5 * d(bc) + 2.0 * d(ba).bmm(d(bb)),
                            0.5 * d(bc).abs() + 2.0 * d(ba).abs().bmm(d(bb).abs()), k + 1,
                            "baddbmm");
+}
+
+// Matrix-vector and vector-vector products: what matmul does with 1-D operands.
+TEST_F(Fp16CpuTest, MatrixVectorAndDotMatchFp64ReferenceRoundedToFp16) {
+  const int64_t k = 200;
+  auto m = half_randn({31, k}), v = half_randn({k}), c = half_randn({31}), w = half_randn({k});
+  at::Tensor mv, addmv, dot, vdot, matmul_mv, matmul_dot;
+  EXPECT_EQ(calls([&] {
+              mv = at::mv(m, v);
+              addmv = at::addmv(c, m, v, 0.5, 2.0);
+              dot = at::dot(v, w);
+              vdot = at::vdot(v, w);
+              matmul_mv = at::matmul(m, v);
+              matmul_dot = at::matmul(v, w);
+            }),
+            6);
+  expect_within_fp16_bound(mv, d(m).mv(d(v)), d(m).abs().mv(d(v).abs()), k, "mv");
+  expect_within_fp16_bound(addmv, 0.5 * d(c) + 2.0 * d(m).mv(d(v)),
+                           0.5 * d(c).abs() + 2.0 * d(m).abs().mv(d(v).abs()), k + 1, "addmv");
+  expect_within_fp16_bound(dot, d(v).dot(d(w)), d(v).abs().dot(d(w).abs()), k, "dot");
+  expect_within_fp16_bound(vdot, d(v).dot(d(w)), d(v).abs().dot(d(w).abs()), k, "vdot");
+  EXPECT_TRUE(torch::equal(matmul_mv, mv));
+  EXPECT_TRUE(torch::equal(matmul_dot, dot));
 }
 
 // linear and matmul decompose into the covered ops, forward and backward.
@@ -181,6 +210,65 @@ TEST_F(Fp16CpuTest, NeverUsesLibTorchsFp16Kernels) {
   EXPECT_TRUE(mixprec::amp::fp16_cpu_fast_path_active());
   // Both accumulate in fp32: they may differ by the order of summation only.
   expect_within_fp16_bound(at::mm(a, b), d(a).mm(d(b)), d(a).abs().mm(d(b).abs()), 40, "mm");
+}
+
+// Collects the text of every warning raised on this thread while alive.
+class CapturedWarnings : public c10::WarningHandler {
+ public:
+  CapturedWarnings() : guard_(this) {}
+  void process(const c10::Warning& warning) override { messages_.push_back(warning.msg()); }
+  // How many warnings name `aten::<op> ` (the op, not a longer name).
+  int64_t naming(const std::string& op) const {
+    return std::count_if(messages_.begin(), messages_.end(), [&](const std::string& m) {
+      return m.find("aten::" + op + " has no mixprec fast path") != std::string::npos;
+    });
+  }
+
+ private:
+  std::vector<std::string> messages_;
+  c10::WarningUtils::WarningHandlerGuard guard_;
+};
+
+// Ops the fast path does not cover keep LibTorch's fp16 kernels, bit for bit
+// (no fp32 computation in disguise), and say so once per op while the fast
+// path is on. The warned-once flags live for the process: each test runs in a
+// process of its own (gtest_discover_tests).
+TEST_F(Fp16CpuTest, UncoveredOpsWarnOnceAndRunLibTorchsKernel) {
+  auto self = half_randn({6, 5}), b1 = half_randn({3, 6, 7}), b2 = half_randn({3, 7, 5});
+  auto a = half_randn({6, 7}), b = half_randn({7, 5});
+  CapturedWarnings warnings;
+
+  // Off: LibTorch's fp16 kernels are what the user asked for; nothing to say.
+  mixprec::amp::set_fp16_cpu_path(Fp16CpuPath::kNever);
+  at::addbmm(self, b1, b2);
+  EXPECT_EQ(warnings.naming("addbmm"), 0);
+  mixprec::amp::set_fp16_cpu_path(Fp16CpuPath::kAlways);
+
+  // Other dtypes: no warning either.
+  at::addbmm(self.to(at::kFloat), b1.to(at::kFloat), b2.to(at::kFloat));
+  EXPECT_EQ(warnings.naming("addbmm"), 0);
+
+  const auto libtorch_addbmm = at::cpu::addbmm(self, b1, b2, 0.5, 2.0);
+  const auto libtorch_addmm = at::cpu::addmm(self, a, b, 0.5, 2.0);
+  const auto libtorch_mm = at::cpu::mm(a, b);
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    at::Tensor addbmm, inplace = self.clone(), out = at::empty({0}, at::kHalf);
+    EXPECT_EQ(calls([&] {
+                addbmm = at::addbmm(self, b1, b2, 0.5, 2.0);
+                inplace.addmm_(a, b, 0.5, 2.0);
+                at::mm_out(out, a, b);
+              }),
+              0)
+        << "an uncovered op took the fast path";
+    ASSERT_EQ(addbmm.scalar_type(), at::kHalf);
+    EXPECT_TRUE(torch::equal(addbmm, libtorch_addbmm));
+    EXPECT_TRUE(torch::equal(inplace, libtorch_addmm));
+    EXPECT_TRUE(torch::equal(out, libtorch_mm));
+  }
+  EXPECT_EQ(warnings.naming("addbmm"), 1);
+  EXPECT_EQ(warnings.naming("addmm_"), 1);  // also what LibTorch's addbmm runs inside
+  EXPECT_EQ(warnings.naming("mm.out"), 1);
+  EXPECT_EQ(warnings.naming("bmm.out"), 0);  // not called
 }
 
 // Each test runs in a process of its own (gtest_discover_tests), so this one

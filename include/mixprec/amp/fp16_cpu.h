@@ -14,8 +14,9 @@ enum class Fp16CpuPath {
 /// fp16 GEMMs at fp32 speed on CPUs without FP16 arithmetic.
 ///
 /// There, LibTorch's fp16 `mm`/`bmm`/convolutions are scalar loops, 5-150x slower
-/// than fp32. The fast path computes `mm`, `addmm`, `bmm`, `baddbmm`,
-/// `convolution` and CPU flash attention (and so `matmul`, `linear`, `conv1d/2d`,
+/// than fp32. The fast path computes `mm`, `addmm`, `bmm`, `baddbmm`, `mv`,
+/// `addmv`, `dot`, `vdot`, `convolution` and CPU flash attention (and so
+/// `matmul`, `linear`, `conv1d/2d/3d`, `conv_transpose*`, `einsum`,
 /// `scaled_dot_product_attention`, and the backward of each) on the fp16 inputs
 /// up-cast exactly to fp32, with fp32 accumulation, rounded once to fp16: the
 /// numerics of GPU tensor cores. Activations and gradients stay fp16, so fp16
@@ -26,6 +27,12 @@ enum class Fp16CpuPath {
 /// program that never asks for fp16 runs LibTorch's kernels untouched.
 /// Once installed they also serve fp16 tensors outside autocast (a model cast
 /// with `->to(torch::kHalf)`). Other dtypes always go to LibTorch's kernels.
+///
+/// Not covered: the out= and in-place forms of these GEMMs (`addmm_`,
+/// `mm.out`, `baddbmm_`, `addmv_`, ...), `addbmm` and `_addmm_activation`.
+/// They keep LibTorch's fp16 kernels (never an fp32 computation in disguise);
+/// while the fast path is on, the first fp16 call of each prints one warning
+/// (`TORCH_WARN`) naming the op.
 void set_fp16_cpu_path(Fp16CpuPath path);
 Fp16CpuPath fp16_cpu_path();
 

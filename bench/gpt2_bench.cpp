@@ -1,0 +1,155 @@
+// Tokens/s of the level-1 loop on GPT-2 (mixprec::models::GPT2LMHeadModel, fresh
+// init, synthetic tokens) in one configuration, for bench/run.py --workload
+// gpt2-small|gpt2-large. One JSON line on stdout. Its Python twin is
+// bench/gpt2_bench.py (transformers' GPT2LMHeadModel); keep the two doing the
+// same work: autocast + GradScaler (fp16) + fused AdamW, dropout off, 2 threads.
+//
+//   build/bench/gpt2_bench --size small --precision fp16 --fast-path on --steps 20
+#include <mixprec/amp/autocast.h>
+#include <mixprec/amp/fp16_cpu.h>
+#include <mixprec/amp/grad_scaler.h>
+#include <mixprec/models/gpt2.h>
+#include <mixprec/optim/adamw.h>
+
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/torch.h>
+#include <CLI/CLI.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <map>
+#include <vector>
+
+#include <sys/resource.h>
+
+namespace {
+
+// Runs f under LibTorch's profiler and prints each op's self time (its time
+// minus that of the ops it called), largest first, to stderr.
+void print_self_times(const std::function<void()>& f) {
+  namespace prof = torch::autograd::profiler;
+  const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+  const std::set<prof::ActivityType> cpu{prof::ActivityType::CPU};
+  prof::prepareProfiler(config, cpu);
+  prof::enableProfiler(config, cpu);
+  f();
+  const auto result = prof::disableProfiler();
+  std::map<uint64_t, std::vector<const prof::KinetoEvent*>> by_thread;
+  for (const auto& e : result->events()) by_thread[e.startThreadId()].push_back(&e);
+  std::map<std::string, std::pair<double, int64_t>> self;  // name -> (ms, calls)
+  double total = 0;
+  for (auto& [thread, events] : by_thread) {
+    std::sort(events.begin(), events.end(), [](auto* a, auto* b) {
+      return a->startNs() != b->startNs() ? a->startNs() < b->startNs()
+                                          : a->durationNs() > b->durationNs();
+    });
+    std::vector<std::pair<const prof::KinetoEvent*, double>> stack;  // (event, children ns)
+    auto close = [&] {
+      auto [e, children] = stack.back();
+      stack.pop_back();
+      auto& [ms, calls] = self[e->name()];
+      ms += (static_cast<double>(e->durationNs()) - children) / 1e6;
+      ++calls;
+      if (stack.empty())
+        total += static_cast<double>(e->durationNs()) / 1e6;
+      else
+        stack.back().second += static_cast<double>(e->durationNs());
+    };
+    for (const auto* e : events) {
+      while (!stack.empty() && stack.back().first->endNs() <= e->startNs()) close();
+      stack.emplace_back(e, 0.0);
+    }
+    while (!stack.empty()) close();
+  }
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(self.begin(), self.end());
+  std::sort(rows.begin(), rows.end(),
+            [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
+  std::fprintf(stderr, "| op | self ms | share | calls |\n|---|---|---|---|\n");
+  for (const auto& [name, v] : rows)
+    if (v.first >= 0.001 * total)
+      std::fprintf(stderr, "| %s | %.1f | %.1f%% | %lld |\n", name.c_str(), v.first,
+                   100 * v.first / total, static_cast<long long>(v.second));
+  std::fprintf(stderr, "total of top-level events: %.1f ms\n", total);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  CLI::App app{"tokens/s of the level-1 loop on GPT-2 in one configuration"};
+  std::string size = "small", precision = "fp32", fast_path = "auto";
+  int steps = 20, warmup = 2, threads = 2;
+  bool profile = false;
+  app.add_option("--size", size, "small: 2 x 128, T 128; large: 6 x 512, T 256 (B 8, V 4096)")
+      ->check(CLI::IsMember({"small", "large"}));
+  app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--fast-path", fast_path, "mixprec's fp16 CPU fast path")
+      ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--steps", steps)->check(CLI::PositiveNumber);
+  app.add_option("--warmup", warmup)->check(CLI::NonNegativeNumber);
+  app.add_option("--threads", threads)->check(CLI::PositiveNumber);
+  app.add_flag("--profile", profile,
+               "after the warm-up, print each op's self time in one step (LibTorch's profiler)");
+  CLI11_PARSE(app, argc, argv);
+
+  using mixprec::amp::Fp16CpuPath;
+  mixprec::amp::set_fp16_cpu_path(fast_path == "on"    ? Fp16CpuPath::kAlways
+                                  : fast_path == "off" ? Fp16CpuPath::kNever
+                                                       : Fp16CpuPath::kAuto);
+  torch::set_num_threads(threads);
+  const bool large = size == "large";
+  const int64_t batch = 8, seq = large ? 256 : 128;
+  mixprec::models::GPT2Config config{.vocab_size = 4096,
+                                     .n_positions = seq,
+                                     .n_embd = large ? 512 : 128,
+                                     .n_layer = large ? 6 : 2,
+                                     .n_head = large ? 8 : 4,
+                                     .resid_pdrop = 0.0,
+                                     .embd_pdrop = 0.0,
+                                     .attn_pdrop = 0.0};
+  torch::manual_seed(0);
+  mixprec::models::GPT2LMHeadModel model(config);
+  const auto data = torch::randint(config.vocab_size, {4, batch, seq});  // (batches, B, T)
+  mixprec::optim::AdamW optimizer(model->parameters(),
+                                  mixprec::optim::AdamWOptions(3e-4).fused(true));
+  mixprec::amp::GradScaler scaler({.enabled = precision == "fp16"});
+  const bool autocast = precision != "fp32";
+  const auto dtype = precision == "fp16" ? torch::kHalf : torch::kBFloat16;
+
+  auto step = [&](int64_t i) {
+    const auto ids = data[i % data.size(0)];
+    torch::Tensor loss;
+    {
+      mixprec::amp::Autocast guard(torch::kCPU, dtype, autocast);
+      loss = model->forward(ids, /*labels=*/ids).loss;
+    }
+    scaler.scale(loss).backward();
+    scaler.step(optimizer);
+    scaler.update();
+    optimizer.zero_grad();
+    return loss;
+  };
+  for (int i = 0; i < warmup; ++i) step(i);
+  if (profile) {
+    print_self_times([&] { step(warmup).item<double>(); });
+    return 0;
+  }
+  const int64_t calls_before = mixprec::amp::fp16_cpu_fast_path_calls();
+  const auto start = std::chrono::steady_clock::now();
+  torch::Tensor loss;
+  for (int i = 0; i < steps; ++i) loss = step(warmup + i);
+  const double final_loss = loss.item<double>();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  std::printf(
+      "{\"impl\": \"mixprec\", \"size\": \"%s\", \"precision\": \"%s\", \"fast_path\": \"%s\", "
+      "\"fast_path_active\": %s, \"fast_path_calls\": %lld, \"tokens_per_s\": %.1f, "
+      "\"final_loss\": %.6f, \"peak_rss_mb\": %.1f}\n",
+      size.c_str(), precision.c_str(), fast_path.c_str(),
+      mixprec::amp::fp16_cpu_fast_path_active() ? "true" : "false",
+      static_cast<long long>(mixprec::amp::fp16_cpu_fast_path_calls() - calls_before),
+      static_cast<double>(steps * batch * seq) / seconds, final_loss, usage.ru_maxrss / 1024.0);
+  return 0;
+}
