@@ -151,13 +151,17 @@ int train(Command& c) {
   torch::manual_seed(static_cast<uint64_t>(args.seed));
   const uint64_t seed = static_cast<uint64_t>(args.data_seed.value_or(args.seed));
   mixprec::train::Metrics results;
+  int stopped_by = 0;
   auto run = [&](auto model, mixprec::data::DatasetPtr train, mixprec::data::DatasetPtr eval,
                  mixprec::train::ComputeMetrics metrics) {
     std::printf("mixprec train: %s, %zu training samples, %zu evaluation samples\n",
                 c.model.model_type.c_str(), train->size(), eval ? eval->size() : 0);
     std::fflush(stdout);  // before the progress bar on stderr
     mixprec::Trainer trainer(model, args, train, eval, std::move(metrics));
-    results = trainer.train().metrics;
+    const auto output = trainer.train();
+    stopped_by = output.stopped_by_signal;
+    results = output.metrics;
+    if (stopped_by) return;  // the Trainer saved a checkpoint and said how to resume
     if (eval)
       for (const auto& [key, value] : trainer.evaluate()) results[key] = value;
   };
@@ -187,6 +191,7 @@ int train(Command& c) {
     };
     auto [train, eval] = split_datasets(c.data, load, seed);
     run(model, train, eval, {});
+    if (stopped_by) return 128 + stopped_by;  // as a shell reports a signal
     if (results.count("eval_loss")) results["perplexity"] = std::exp(results.at("eval_loss"));
     model->save_pretrained(args.output_dir);
   } else if (c.model.model_type == "mlp_classifier") {
@@ -209,6 +214,7 @@ int train(Command& c) {
            p.predictions.argmax(1).eq(p.label_ids).to(torch::kFloat).mean().item<double>()}};
     };
     run(model, train, eval, accuracy);
+    if (stopped_by) return 128 + stopped_by;
     mixprec::io::save_safetensors(fs::path(args.output_dir) / "model.safetensors",
                                   mixprec::io::module_state(*model));
   } else {

@@ -16,6 +16,7 @@
 
 #include <cmath>
 #include <cstdio>
+#include <regex>
 #include <set>
 
 namespace mixprec::io {
@@ -323,6 +324,53 @@ void verify_checkpoint(const std::filesystem::path& dir) {
     TORCH_CHECK(sum.is_string() && checksum(file) == sum.get<std::string>(), file.string(),
                 ": checksum mismatch: the file is damaged");
   }
+}
+
+namespace {
+
+// checkpoint-N folders of `dir` (N parsed), and the leftovers of killed writers.
+std::vector<std::pair<int64_t, std::filesystem::path>> checkpoint_folders(
+    const std::filesystem::path& dir, bool unfinished) {
+  static const std::regex done("checkpoint-([0-9]+)");
+  static const std::regex partial("checkpoint-[0-9]+\\.(tmp|old)-[0-9]+");
+  std::vector<std::pair<int64_t, std::filesystem::path>> found;
+  if (!std::filesystem::is_directory(dir)) return found;
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    std::smatch m;
+    if (!entry.is_directory()) continue;
+    if (unfinished && std::regex_match(name, partial))
+      found.emplace_back(0, entry.path());
+    else if (!unfinished && std::regex_match(name, m, done) && m[1].length() < 19)
+      found.emplace_back(std::stoll(m[1]), entry.path());
+  }
+  std::sort(found.begin(), found.end());
+  return found;
+}
+
+}  // namespace
+
+std::optional<std::filesystem::path> last_good_checkpoint(const std::filesystem::path& output_dir) {
+  const auto folders = checkpoint_folders(output_dir, /*unfinished=*/false);
+  for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
+    try {
+      verify_checkpoint(it->second);
+      return it->second;
+    } catch (const c10::Error& e) {
+      TORCH_WARN("checkpoint ", it->second.string(), " is damaged (", e.what_without_backtrace(),
+                 "); falling back to the one before it");
+    }
+  }
+  return std::nullopt;
+}
+
+int remove_unfinished_checkpoints(const std::filesystem::path& output_dir) {
+  int removed = 0;
+  for (const auto& [n, path] : checkpoint_folders(output_dir, /*unfinished=*/true)) {
+    std::filesystem::remove_all(path);
+    ++removed;
+  }
+  return removed;
 }
 
 }  // namespace mixprec::io

@@ -11,10 +11,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <regex>
+
+#include <signal.h>
 
 namespace mixprec::train {
 
@@ -74,6 +77,33 @@ std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> split_decay(torch::n
   }
   return {decay, other};
 }
+
+// SIGINT/SIGTERM while training: remembered, acted on at the next step
+// boundary. A second one gets the previous handler (the default: die now).
+std::atomic<int> stop_signal{0};
+struct sigaction previous_int, previous_term;
+
+extern "C" void on_stop_signal(int sig) {
+  if (stop_signal.exchange(sig) != 0) {
+    sigaction(sig, sig == SIGINT ? &previous_int : &previous_term, nullptr);
+    raise(sig);
+  }
+}
+
+struct StopSignals {
+  StopSignals() {
+    stop_signal = 0;
+    struct sigaction action {};
+    action.sa_handler = on_stop_signal;
+    sigemptyset(&action.sa_mask);
+    sigaction(SIGINT, &action, &previous_int);
+    sigaction(SIGTERM, &action, &previous_term);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &previous_int, nullptr);
+    sigaction(SIGTERM, &previous_term, nullptr);
+  }
+};
 
 // Where the train loader stands, saved with each checkpoint.
 struct DataPosition : accelerate::Checkpointable {
@@ -144,6 +174,17 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   auto& impl = *impl_;
   TORCH_CHECK(impl.train_dataset, "Trainer::train: no train_dataset");
   if (!resume_from_checkpoint) resume_from_checkpoint = args_.resume_from_checkpoint;
+  if (acc.is_main_process() && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
+    TORCH_WARN("Trainer: removed checkpoint folders a killed run left unfinished in ",
+               args_.output_dir);
+  if (resume_from_checkpoint == "last") {
+    const auto last = io::last_good_checkpoint(args_.output_dir);
+    resume_from_checkpoint = last ? std::optional(last->string()) : std::nullopt;
+    if (acc.is_main_process())
+      std::fprintf(stderr, "Trainer: %s%s\n",
+                   last ? "resuming from " : "no checkpoint to resume in ",
+                   last ? last->c_str() : args_.output_dir.c_str());
+  }
   if (!resume_from_checkpoint && !args_.overwrite_output_dir && fs::exists(args_.output_dir)) {
     for (const auto& entry : fs::directory_iterator(args_.output_dir))
       TORCH_CHECK(
@@ -230,6 +271,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
 
   impl.in_train = true;
   impl.control = {};
+  const StopSignals stop_signals;
+  int stopped_by = 0;
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_begin(a, s, c); });
   log::ProgressBar progress(
       max_steps, "train",
@@ -320,6 +363,16 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                               return keys;
                             }()),
                   ")");
+      // Without a scaler nothing would skip the step: stop before it is taken.
+      if (!acc.scaler() && !std::isfinite(out.loss.item<double>())) {
+        const auto last = io::last_good_checkpoint(args_.output_dir);
+        TORCH_CHECK(false, "Trainer: the loss is ", out.loss.item<double>(), " at step ",
+                    state_.global_step + 1, " (",
+                    acc.mixed_precision() == "no" ? "fp32" : acc.mixed_precision(),
+                    ": no loss scaling to skip it); stopped. The last good checkpoint is ",
+                    last ? last->string() : std::string("none"),
+                    ". Lower the learning rate or check the data.");
+      }
       acc.backward(out.loss);
       loss_since_log += out.loss.detach().to(at::kFloat).cpu() / args_.gradient_accumulation_steps;
       ++step_in_epoch;
@@ -356,6 +409,19 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_end(a, s, c); });
         maybe_log_save_evaluate();
+        if (stop_signal != 0) {
+          stopped_by = stop_signal;
+          const auto dir =
+              fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step));
+          if (!fs::exists(dir)) save_checkpoint();
+          impl.control.should_training_stop = true;
+          if (acc.is_main_process())
+            std::fprintf(stderr,
+                         "\nTrainer: stopped by %s at step %lld; saved %s. Resume with "
+                         "--resume_from_checkpoint %s (or last)\n",
+                         stopped_by == SIGINT ? "SIGINT" : "SIGTERM",
+                         static_cast<long long>(state_.global_step), dir.c_str(), dir.c_str());
+        }
       } else {
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_substep_end(a, s, c); });
@@ -363,6 +429,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       if (impl.control.should_epoch_stop || impl.control.should_training_stop) break;
     }
     acc.gradient_state().end_of_dataloader = false;
+    if (stopped_by) break;
     position.state = {epoch + 1, 0};
     auto& c = impl.control;
     c.should_log |= args_.logging_strategy == "epoch";
@@ -375,7 +442,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   progress.close();
   impl.in_train = false;
 
-  if (args_.load_best_model_at_end && state_.best_model_checkpoint) {
+  if (args_.load_best_model_at_end && state_.best_model_checkpoint && !stopped_by) {
     const auto file = fs::path(*state_.best_model_checkpoint) / "model.safetensors";
     io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
   }
@@ -394,6 +461,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                       {"train_steps_per_second", static_cast<double>(trained) / runtime},
                       {"total_flos", state_.total_flos},
                       {"train_loss", train_loss}}};
+  output.stopped_by_signal = stopped_by;
   log(output.metrics);
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_end(a, s, c); });
   acc.end_training();

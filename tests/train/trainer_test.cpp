@@ -1,6 +1,7 @@
 #include "mixprec/train/trainer.h"
 
 #include "mixprec/data/synthetic.h"
+#include "mixprec/io/checkpoint.h"
 #include "mixprec/io/safetensors.h"
 
 #include "test_util.h"
@@ -9,7 +10,9 @@
 #include <torch/torch.h>
 
 #include <filesystem>
+#include <fstream>
 #include <nlohmann/json.hpp>
+#include <random>
 #include <set>
 
 namespace {
@@ -137,6 +140,115 @@ struct PoisonedClassifierImpl : ClassifierImpl {
   }
 };
 TORCH_MODULE(PoisonedClassifier);
+
+// Over 1,000 fp16 steps with inf gradients injected at random steps (10%),
+// exactly those steps are skipped, and a skipped step changes no parameter.
+TEST_F(TrainerTest, SkippedStepsNeverChangeParameters) {
+  auto a = args("non_finite");
+  a.fp16 = true;
+  a.max_steps = 1000;
+  a.save_strategy = "no";
+  a.eval_strategy = "no";
+  a.logging_strategy = "no";
+  torch::manual_seed(0);
+  PoisonedClassifier model;
+  std::mt19937 rng(3);
+  for (int call = 0; call < 1000; ++call)
+    if (rng() % 10 == 0) model->poisoned.insert(call);
+  struct Watch : mixprec::train::TrainerCallback {
+    PoisonedClassifier model{nullptr};
+    Trainer* trainer = nullptr;
+    at::Tensor before;
+    int skipped = 0, wrong = 0, changed = 0;
+    void on_step_begin(const TrainingArguments&, mixprec::train::TrainerState&,
+                       mixprec::train::TrainerControl&) override {
+      before = flat_params(*model).clone();
+    }
+    void on_step_end(const TrainingArguments&, mixprec::train::TrainerState& state,
+                     mixprec::train::TrainerControl&) override {
+      const bool poisoned = model->poisoned.count(static_cast<int>(state.global_step) - 1) > 0;
+      const bool was_skipped = trainer->accelerator().optimizer_step_was_skipped();
+      const bool unchanged = torch::equal(before, flat_params(*model));
+      skipped += was_skipped;
+      changed += !unchanged;
+      // A clean step may leave the parameters as they were (after ~50 skips the
+      // scale is so low that fp16 gradients underflow to zero); a skipped one must.
+      wrong += was_skipped != poisoned || (poisoned && !unchanged);
+    }
+  };
+  auto watch = std::make_shared<Watch>();
+  watch->model = model;
+  Trainer trainer(model, a, train_, eval_, accuracy, {watch});
+  watch->trainer = &trainer;
+  trainer.train();
+  EXPECT_EQ(watch->skipped, static_cast<int>(model->poisoned.size()));
+  EXPECT_GT(watch->skipped, 50);
+  EXPECT_EQ(watch->wrong, 0);
+  EXPECT_GT(watch->changed, 300);
+  EXPECT_TRUE(torch::isfinite(flat_params(*model)).all().item<bool>());
+}
+
+// In fp32 nothing skips a step: a NaN loss stops training before the step,
+// naming the last good checkpoint, which stays as it was.
+TEST_F(TrainerTest, NanLossWithoutScalerStopsAndNamesTheLastGoodCheckpoint) {
+  auto a = args("nan_fp32");
+  a.save_strategy = "steps";
+  a.save_steps = 5;
+  torch::manual_seed(0);
+  struct NanAtStep8Impl : ClassifierImpl {
+    int calls = 0;
+    mixprec::models::ModelOutput forward(const mixprec::data::Batch& batch) {
+      auto out = ClassifierImpl::forward(batch);
+      if (is_training() && calls++ == 7) out.loss = out.loss * NAN;
+      return out;
+    }
+  };
+  auto model = std::make_shared<NanAtStep8Impl>();
+  Trainer trainer(model, mixprec::train::forward_on_batches(model), a, train_, eval_, accuracy, {},
+                  {});
+  const auto checkpoint = (fs::path(a.output_dir) / "checkpoint-5").string();
+  const std::string error = mixprec::testing::error_of([&] { trainer.train(); });
+  EXPECT_NE(error.find("the loss is nan at step 8 (fp32: no loss scaling to skip it); stopped. The "
+                       "last good checkpoint is " +
+                       checkpoint),
+            std::string::npos)
+      << error;
+  EXPECT_EQ(trainer.state().global_step, 7);
+  EXPECT_NO_THROW(mixprec::io::verify_checkpoint(checkpoint));
+}
+
+// A damaged newest checkpoint: "last" resumes from the one before, with a
+// warning that names the damaged one.
+TEST_F(TrainerTest, ResumeLastFallsBackFromADamagedCheckpoint) {
+  auto a = args("fallback");
+  a.num_train_epochs = 2;
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer(model, a, train_, eval_, accuracy).train();  // checkpoint-10, checkpoint-20
+  const auto newest = fs::path(a.output_dir) / "checkpoint-20";
+  {
+    std::fstream f(newest / "model.safetensors", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-1, std::ios::end);
+    f.put('\x7f');
+  }
+  fs::create_directories(fs::path(a.output_dir) / "checkpoint-25.tmp-123");  // a killed writer's
+  a.resume_from_checkpoint = "last";
+  std::string warnings;
+  struct Capture : c10::WarningHandler {
+    std::string* out;
+    explicit Capture(std::string* o) : out(o) {}
+    void process(const c10::Warning& w) override { *out += w.msg() + "\n"; }
+  } capture(&warnings);
+  c10::WarningUtils::WarningHandlerGuard guard(&capture);
+  Trainer resumed(model, a, train_, eval_, accuracy);
+  resumed.train();
+  EXPECT_NE(warnings.find("checkpoint " + newest.string() + " is damaged"), std::string::npos)
+      << warnings;
+  EXPECT_FALSE(fs::exists(fs::path(a.output_dir) / "checkpoint-25.tmp-123"));
+  EXPECT_EQ(resumed.state().global_step, 20);
+  // Resumed at 10: the second epoch ran again and wrote a good checkpoint-20.
+  EXPECT_NO_THROW(mixprec::io::verify_checkpoint(newest));
+}
 
 // What the Trainer logs, read back by tensorboard's own EventAccumulator.
 TEST_F(TrainerTest, LogsToTensorBoardWithLossScaleAndSkippedSteps) {

@@ -6,6 +6,7 @@
 #include <torch/optim/optimizer.h>
 
 #include <filesystem>
+#include <optional>
 #include <string>
 
 namespace mixprec::io {
@@ -63,5 +64,14 @@ class CheckpointWriter {
 /// Checks every file of a checkpoint folder against its checksums.json; a
 /// damaged or missing file is an error that names it.
 void verify_checkpoint(const std::filesystem::path& dir);
+
+/// The newest `checkpoint-N` folder of `output_dir` that verify_checkpoint
+/// accepts; each newer damaged one is skipped with a warning that names it and
+/// says what is wrong. nullopt when there is none.
+std::optional<std::filesystem::path> last_good_checkpoint(const std::filesystem::path& output_dir);
+
+/// Removes what a killed writer left in `output_dir`: CheckpointWriter's
+/// `*.tmp-PID` and `*.old-PID` folders. Returns how many it removed.
+int remove_unfinished_checkpoints(const std::filesystem::path& output_dir);
 
 }  // namespace mixprec::io

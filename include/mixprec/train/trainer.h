@@ -28,6 +28,9 @@ struct TrainOutput {
   double training_loss = 0;
   Metrics
       metrics;  // train_runtime, train_samples_per_second, train_steps_per_second, train_loss, ...
+  /// SIGINT or SIGTERM when one stopped training at a step boundary (a
+  /// checkpoint of that step was saved); 0 when training ran to its end.
+  int stopped_by_signal = 0;
 };
 
 struct PredictionOutput {
@@ -88,7 +91,14 @@ class Trainer {
   ~Trainer();
 
   /// Trains; `resume_from_checkpoint` (or args.resume_from_checkpoint) is a
-  /// checkpoint folder to continue from exactly where it was saved.
+  /// checkpoint folder to continue from exactly where it was saved, or "last":
+  /// the newest undamaged checkpoint of output_dir (a damaged one is skipped
+  /// with a warning naming it), or a fresh start when there is none.
+  ///
+  /// SIGINT/SIGTERM during train() stop it at the next step boundary with a
+  /// checkpoint and a message saying how to resume (a second signal kills at
+  /// once). A non-finite loss without a loss scaler (fp32, bf16) stops it with
+  /// an error naming the last good checkpoint: no step is taken on it.
   TrainOutput train(std::optional<std::string> resume_from_checkpoint = std::nullopt);
   /// Loss and compute_metrics on `eval_dataset` (the constructor's by
   /// default), prefixed "eval_".
