@@ -156,6 +156,9 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
       .mixed_precision = args_.fp16 ? "fp16" : (args_.bf16 ? "bf16" : "no"),
       .gradient_accumulation_steps = args_.gradient_accumulation_steps,
       .cpu = args_.use_cpu,
+      // DeepSpeed's min_loss_scale: a run whose gradients overflow even at
+      // scale 1 would skip every step from then on; it stops instead.
+      .scaler = {.min_scale = 1.0},
       .log_with = args_.report_to,
       .project_dir = args_.output_dir});
   state_.is_local_process_zero = accelerator_->is_local_main_process();
@@ -287,6 +290,13 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   double last_step_lr = NAN;      // the rate the last step used: HF logs it, not the next one
   int64_t skipped_since_log = 0;  // optimizer steps the scaler skipped (inf/NaN gradients)
 
+  // Ends training on what no step can fix, keeping every checkpoint.
+  auto stop_training = [&](const std::string& why) {
+    const auto last = io::last_good_checkpoint(args_.output_dir);
+    TORCH_CHECK(false, "Trainer: stopped at step ", state_.global_step + 1, ": ", why,
+                ". The last good checkpoint is ", last ? last->string() : std::string("none"),
+                ". Lower the learning rate or check the model and the data.");
+  };
   auto log = [&](Metrics logs) {
     logs["epoch"] = state_.epoch;
     Metrics entry = logs;
@@ -364,15 +374,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                             }()),
                   ")");
       // Without a scaler nothing would skip the step: stop before it is taken.
-      if (!acc.scaler() && !std::isfinite(out.loss.item<double>())) {
-        const auto last = io::last_good_checkpoint(args_.output_dir);
-        TORCH_CHECK(false, "Trainer: the loss is ", out.loss.item<double>(), " at step ",
-                    state_.global_step + 1, " (",
-                    acc.mixed_precision() == "no" ? "fp32" : acc.mixed_precision(),
-                    ": no loss scaling to skip it); stopped. The last good checkpoint is ",
-                    last ? last->string() : std::string("none"),
-                    ". Lower the learning rate or check the data.");
-      }
+      if (!acc.scaler() && !std::isfinite(out.loss.item<double>()))
+        stop_training(c10::str("the loss is ", out.loss.item<double>(), " (",
+                               acc.mixed_precision() == "no" ? "fp32" : acc.mixed_precision(),
+                               ": no loss scaling to skip it)"));
       acc.backward(out.loss);
       loss_since_log += out.loss.detach().to(at::kFloat).cpu() / args_.gradient_accumulation_steps;
       ++step_in_epoch;
@@ -381,7 +386,11 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
           last_grad_norm = acc.clip_grad_norm_(impl.module->parameters(), args_.max_grad_norm);
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_pre_optimizer_step(a, s, c); });
-        accelerated.step();
+        try {
+          accelerated.step();
+        } catch (const c10::Error& e) {  // the scale stuck at min_scale
+          stop_training(e.what_without_backtrace());
+        }
         skipped_since_log += acc.optimizer_step_was_skipped();
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_optimizer_step(a, s, c); });
