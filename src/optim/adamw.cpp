@@ -1,5 +1,7 @@
 #include "mixprec/optim/adamw.h"
 
+#include "mixprec/optim/stochastic_rounding.h"
+
 #include <ATen/ATen.h>
 #include <torch/autograd.h>
 
@@ -16,6 +18,8 @@ void check_options(const AdamWOptions& o) {
   TORCH_CHECK(0 <= beta1 && beta1 < 1.0, "Invalid beta parameter at index 0: ", beta1);
   TORCH_CHECK(0 <= beta2 && beta2 < 1.0, "Invalid beta parameter at index 1: ", beta2);
   TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
+  TORCH_CHECK(!(o.fused() && o.stochastic_rounding()),
+              "mixprec::optim::AdamW: stochastic_rounding is not available with fused=true");
 }
 
 }  // namespace
@@ -90,20 +94,26 @@ at::Tensor AdamW::step(LossClosure closure) {
   return loss;
 }
 
-// PyTorch's _single_tensor_adam with decoupled weight decay, op for op.
+// PyTorch's _single_tensor_adam with decoupled weight decay, op for op. With
+// stochastic_rounding, bf16 parameters and states are computed in fp32 and
+// rounded back stochastically (no fp32 copy is kept).
 void AdamW::single_tensor_step(torch::optim::OptimizerParamGroup& group) {
   const auto& o = static_cast<const AdamWOptions&>(group.options());
   const auto [beta1, beta2] = o.betas();
-  for (auto& param : group.params()) {
-    if (!param.grad().defined()) continue;
-    auto& state = state_for(param, /*fused=*/false);
+  for (auto& stored : group.params()) {
+    if (!stored.grad().defined()) continue;
+    auto& state = state_for(stored, /*fused=*/false);
     if (o.amsgrad() && !state.max_exp_avg_sq().defined())
-      state.max_exp_avg_sq(at::zeros_like(param, at::MemoryFormat::Preserve));
-    at::Tensor grad = o.maximize() ? -param.grad() : param.grad();
+      state.max_exp_avg_sq(at::zeros_like(stored, at::MemoryFormat::Preserve));
+    const bool rounded = o.stochastic_rounding() && stored.scalar_type() == at::kBFloat16;
+    auto work = [&](const at::Tensor& t) { return rounded ? t.to(at::kFloat) : t; };
+    at::Tensor param = work(stored), exp_avg = work(state.exp_avg()),
+               exp_avg_sq = work(state.exp_avg_sq());
+    at::Tensor grad = work(o.maximize() ? -stored.grad() : stored.grad());
     state.step().add_(1);
     if (o.weight_decay() != 0) param.mul_(1 - o.lr() * o.weight_decay());
-    state.exp_avg().lerp_(grad, 1 - beta1);
-    state.exp_avg_sq().mul_(beta2).addcmul_(grad, grad, 1 - beta2);
+    exp_avg.lerp_(grad, 1 - beta1);
+    exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
 
     const double step = state.step().item<double>();
     const double bias_correction1 = 1 - std::pow(beta1, step);
@@ -112,12 +122,19 @@ void AdamW::single_tensor_step(torch::optim::OptimizerParamGroup& group) {
     const double bias_correction2_sqrt = std::sqrt(bias_correction2);
     at::Tensor denom;
     if (o.amsgrad()) {
-      at::maximum_out(state.max_exp_avg_sq(), state.max_exp_avg_sq(), state.exp_avg_sq());
-      denom = (state.max_exp_avg_sq().sqrt() / bias_correction2_sqrt).add_(o.eps());
+      at::Tensor max_exp_avg_sq = work(state.max_exp_avg_sq());
+      at::maximum_out(max_exp_avg_sq, max_exp_avg_sq, exp_avg_sq);
+      denom = (max_exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps());
+      if (rounded) state.max_exp_avg_sq().copy_(stochastic_round_to_bf16(max_exp_avg_sq));
     } else {
-      denom = (state.exp_avg_sq().sqrt() / bias_correction2_sqrt).add_(o.eps());
+      denom = (exp_avg_sq.sqrt() / bias_correction2_sqrt).add_(o.eps());
     }
-    param.addcdiv_(state.exp_avg(), denom, -step_size);
+    param.addcdiv_(exp_avg, denom, -step_size);
+    if (rounded) {
+      stored.copy_(stochastic_round_to_bf16(param));
+      state.exp_avg().copy_(stochastic_round_to_bf16(exp_avg));
+      state.exp_avg_sq().copy_(stochastic_round_to_bf16(exp_avg_sq));
+    }
   }
 }
 

@@ -5,7 +5,9 @@
 #include "mixprec/amp/fp16_cpu.h"
 #include "mixprec/amp/grad_scaler.h"
 #include "mixprec/models/gpt2.h"
+
 #include "mixprec/optim/adamw.h"
+#include "models/tiny_gpt2.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -31,14 +33,7 @@ TrainRun train(Fp16CpuPath path) {
   mixprec::amp::set_fp16_cpu_path(path);
   torch::manual_seed(0);
   torch::set_num_threads(1);  // a tiny model: threads would only wait for each other
-  mixprec::models::GPT2Config config{.vocab_size = 256,
-                                     .n_positions = 64,
-                                     .n_embd = 64,
-                                     .n_layer = 2,
-                                     .n_head = 4,
-                                     .resid_pdrop = 0.0,
-                                     .embd_pdrop = 0.0,
-                                     .attn_pdrop = 0.0};
+  const auto config = models_test::tiny_gpt2_config();
   mixprec::models::GPT2LMHeadModel model(config);
   const auto data = torch::randint(config.vocab_size, {4, 4, 32});  // (batches, B, T)
   mixprec::optim::AdamW optimizer(model->parameters(),

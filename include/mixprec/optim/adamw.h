@@ -22,6 +22,10 @@ struct AdamWOptions : public torch::optim::OptimizerCloneableOptions<AdamWOption
   /// One `at::_fused_adamw_` kernel per (device, dtype) group, which also
   /// unscales gradients and skips on inf/NaN for a GradScaler.
   TORCH_ARG(bool, fused) = false;
+  /// Pure bf16 training (Lightning's "bf16-true"): bf16 parameters and states
+  /// are updated in fp32 and rounded back stochastically (stochastic_rounding.h),
+  /// so updates below half a bf16 ulp are not lost. Not with `fused`.
+  TORCH_ARG(bool, stochastic_rounding) = false;
 
  public:
   double get_lr() const override { return lr(); }

@@ -1,0 +1,81 @@
+#include "mixprec/optim/stochastic_rounding.h"
+
+#include "mixprec/optim/adamw.h"
+
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <cmath>
+
+namespace {
+
+using mixprec::optim::stochastic_round_to_bf16;
+
+// x = lo + p * ulp between two bf16 neighbours rounds up with probability p:
+// the mean is x and the variance p (1 - p) ulp^2, within 5 standard errors.
+TEST(StochasticRounding, ExpectationAndVarianceMatchTheTwoNeighbours) {
+  const int64_t n = 400000;
+  auto generator = at::detail::createCPUGenerator(7);
+  for (double base : {1.0, -3.0, std::ldexp(1.0, -100), 49152.0}) {  // each exact in bf16
+    // bf16 keeps 8 significant bits: the ulp is 2^(exponent - 7).
+    const double ulp = std::ldexp(1.0, std::ilogb(base) - 7);
+    for (double p : {0.1, 0.5, 0.875}) {
+      const double x = base + (base > 0 ? p : -p) * ulp;
+      const auto xs = torch::full({n}, x, torch::kFloat);
+      const auto r = stochastic_round_to_bf16(xs, generator).to(torch::kDouble);
+      const double lo = base, hi = base + (base > 0 ? ulp : -ulp);
+      EXPECT_TRUE(((r == lo) | (r == hi)).all().item<bool>()) << base << " " << p;
+      const double x32 = static_cast<double>(static_cast<float>(x));
+      const double q = std::abs(x32 - lo) / ulp;  // the exact probability of rounding away
+      const double sd = ulp * std::sqrt(q * (1 - q) / n);
+      EXPECT_NEAR(r.mean().item<double>(), x32, 5 * sd) << base << " " << p;
+      const double var = r.var().item<double>();
+      EXPECT_NEAR(var, q * (1 - q) * ulp * ulp, 0.02 * q * (1 - q) * ulp * ulp) << base << " " << p;
+    }
+  }
+}
+
+TEST(StochasticRounding, ExactValuesAndNonFiniteStayAndOtherDtypesAreAnError) {
+  const auto exact = torch::tensor({0.0f, -0.0f, 1.0f, -2.5f, 1.5f * 65536.0f}).repeat({1000});
+  EXPECT_TRUE(torch::equal(stochastic_round_to_bf16(exact).to(torch::kFloat), exact));
+  const auto special = torch::tensor({INFINITY, -INFINITY, NAN}).repeat({1000});
+  const auto r = stochastic_round_to_bf16(special).to(torch::kFloat);
+  EXPECT_TRUE(torch::equal(r.slice(0, 0, 2), special.slice(0, 0, 2)));
+  EXPECT_TRUE(r.isnan().sum().item<int64_t>() == 1000);
+  EXPECT_NE(mixprec::testing::error_of([] {
+              stochastic_round_to_bf16(torch::ones({2}, torch::kHalf));
+            }).find("expected a float32 tensor, got Half"),
+            std::string::npos);
+}
+
+// Pure bf16 AdamW: updates far below half an ulp of the parameter are lost
+// with round-to-nearest, kept on average with stochastic rounding.
+TEST(StochasticRounding, PureBf16AdamWTracksFp32WhereRoundToNearestStalls) {
+  auto run = [](torch::Dtype dtype, bool stochastic) {
+    torch::manual_seed(0);
+    auto param = torch::full({20000}, 1.0, torch::TensorOptions(dtype).requires_grad(true));
+    mixprec::optim::AdamW opt(
+        {param},
+        mixprec::optim::AdamWOptions(1e-4).weight_decay(0).stochastic_rounding(stochastic));
+    for (int step = 0; step < 200; ++step) {
+      opt.zero_grad();
+      param.sum().backward();  // gradient 1: every step moves by lr = 1e-4, ulp(1) = 2^-7
+      opt.step();
+    }
+    return param.detach().to(torch::kDouble).mean().item<double>();
+  };
+  const double fp32 = run(torch::kFloat, false);  // 1 - 200 * 1e-4 = 0.98
+  EXPECT_NEAR(fp32, 0.98, 1e-5);
+  EXPECT_EQ(run(torch::kBFloat16, false), 1.0);          // every update rounded away
+  EXPECT_NEAR(run(torch::kBFloat16, true), fp32, 2e-4);  // the mean tracks fp32
+  EXPECT_NE(mixprec::testing::error_of([] {
+              auto p = torch::ones({2}, torch::requires_grad());
+              mixprec::optim::AdamW(
+                  {p}, mixprec::optim::AdamWOptions().fused(true).stochastic_rounding(true));
+            }).find("stochastic_rounding is not available with fused=true"),
+            std::string::npos);
+}
+
+}  // namespace
