@@ -180,7 +180,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   if (acc.is_main_process() && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
     TORCH_WARN("Trainer: removed checkpoint folders a killed run left unfinished in ",
                args_.output_dir);
-  if (resume_from_checkpoint == "last") {
+  const bool resume_last = resume_from_checkpoint == "last";
+  if (resume_last) {
     const auto last = io::last_good_checkpoint(args_.output_dir);
     resume_from_checkpoint = last ? std::optional(last->string()) : std::nullopt;
     if (acc.is_main_process())
@@ -188,7 +189,9 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                    last ? "resuming from " : "no checkpoint to resume in ",
                    last ? last->c_str() : args_.output_dir.c_str());
   }
-  if (!resume_from_checkpoint && !args_.overwrite_output_dir && fs::exists(args_.output_dir)) {
+  // "last" with no good checkpoint starts afresh: the damaged ones were named above.
+  if (!resume_from_checkpoint && !resume_last && !args_.overwrite_output_dir &&
+      fs::exists(args_.output_dir)) {
     for (const auto& entry : fs::directory_iterator(args_.output_dir))
       TORCH_CHECK(
           !entry.path().filename().string().starts_with("checkpoint-"),

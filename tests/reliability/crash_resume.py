@@ -71,7 +71,8 @@ def main():
 
     def leftovers(out):
         path = os.path.join(work, out)
-        return [n for n in os.listdir(path) if ".tmp-" in n or ".old-" in n]
+        return [n for n in os.listdir(path) if ".tmp-" in n or ".old-" in n] \
+            if os.path.isdir(path) else []
 
     begin = time.time()
     finish("reference")
@@ -125,7 +126,12 @@ def main():
     for sig, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
         out = f"signal{int(sig)}"
         p = start(out)
-        time.sleep(duration / 2)
+        # Once training runs (its first checkpoint is there): before, the
+        # process has not installed its handlers yet.
+        path = os.path.join(work, out)
+        while p.poll() is None and not (
+                os.path.isdir(path) and any(n.startswith("checkpoint-") for n in os.listdir(path))):
+            time.sleep(0.01)
         p.send_signal(sig)
         _, stderr = p.communicate()
         if p.returncode != code or "Resume with --resume_from_checkpoint" not in stderr:
