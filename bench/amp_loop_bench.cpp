@@ -8,11 +8,11 @@
 #include <mixprec/optim/adamw.h>
 
 #include "digits.h"
+#include "timed_steps.h"
 
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cstdio>
 
 int main(int argc, char** argv) {
@@ -76,12 +76,7 @@ int main(int argc, char** argv) {
       return loss;
     };
   for (int i = 0; i < warmup; ++i) step(i);
-  const auto start = std::chrono::steady_clock::now();
-  torch::Tensor loss;
-  for (int i = 0; i < steps; ++i) loss = step(warmup + i);
-  const double final_loss = loss.item<double>();  // also waits for the last step
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto [final_loss, seconds] = time_steps(step, warmup, steps);
   std::printf(
       "{\"impl\": \"mixprec\", \"loop\": \"%s\", \"precision\": \"%s\", \"optimizer\": "
       "\"%s\", \"scaler\": %s, \"steps_per_s\": %.2f, \"final_loss\": %.6f}\n",

@@ -5,11 +5,12 @@ Accelerate's Accelerator), on the same data, model and sizes. Prints one JSON
 line. Run through bench/run.py."""
 import argparse
 import json
-import time
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from timing import time_steps
 
 
 def load_digits_csv(path):
@@ -87,11 +88,7 @@ def main():
 
     for i in range(a.warmup):
         step(i)
-    start = time.perf_counter()
-    for i in range(a.steps):
-        loss = step(a.warmup + i)
-    final_loss = loss.item()
-    seconds = time.perf_counter() - start
+    final_loss, seconds = time_steps(step, a.warmup, a.steps)
     print(json.dumps({"impl": "pytorch", "loop": a.loop, "precision": a.precision, "optimizer": a.optimizer,
                       "scaler": a.scaler, "steps_per_s": round(a.steps / seconds, 2),
                       "final_loss": round(final_loss, 6)}))

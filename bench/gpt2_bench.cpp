@@ -13,10 +13,11 @@
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
+
 #include <CLI/CLI.hpp>
+#include "timed_steps.h"
 
 #include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <map>
 #include <vector>
@@ -135,12 +136,7 @@ int main(int argc, char** argv) {
     return 0;
   }
   const int64_t calls_before = mixprec::amp::fp16_cpu_fast_path_calls();
-  const auto start = std::chrono::steady_clock::now();
-  torch::Tensor loss;
-  for (int i = 0; i < steps; ++i) loss = step(warmup + i);
-  const double final_loss = loss.item<double>();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto [final_loss, seconds] = time_steps(step, warmup, steps);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   std::printf(

@@ -6,10 +6,11 @@ Prints one JSON line. Run through bench/run.py --workload gpt2-small|gpt2-large.
 import argparse
 import json
 import resource
-import time
 
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
+
+from timing import time_steps
 
 
 def main():
@@ -47,11 +48,7 @@ def main():
 
     for i in range(a.warmup):
         step(i)
-    start = time.perf_counter()
-    for i in range(a.steps):
-        loss = step(a.warmup + i)
-    final_loss = loss.item()
-    seconds = time.perf_counter() - start
+    final_loss, seconds = time_steps(step, a.warmup, a.steps)
     print(json.dumps({"impl": "pytorch", "size": a.size, "precision": a.precision,
                       "tokens_per_s": round(a.steps * batch * seq / seconds, 1),
                       "final_loss": round(final_loss, 6),
