@@ -102,6 +102,24 @@ std::vector<CsvRecord> parse_csv(const std::string& path, const std::string& tex
   return records;
 }
 
+// A CSV file's records, the header first; an error when there is nothing.
+std::vector<CsvRecord> read_csv(const std::string& path) {
+  const std::string text = read_file(path);
+  TORCH_CHECK(!is_blank(text), path, ": empty file");
+  auto records = parse_csv(path, text);
+  TORCH_CHECK(!records.empty(), path, ": empty file");
+  return records;
+}
+
+// Where `name` stands in the header, or an error listing the columns there are.
+size_t column_index(const std::string& path, const std::vector<std::string>& header,
+                    const std::string& name) {
+  const auto it = std::find(header.begin(), header.end(), name);
+  TORCH_CHECK(it != header.end(), path, ": no column '", name,
+              "' in the header; columns found: ", join(header));
+  return static_cast<size_t>(it - header.begin());
+}
+
 // A label as read: a JSON integer or string, or CSV text (either).
 struct RawRow {
   enum class Kind { kInt, kString, kText };
@@ -320,14 +338,9 @@ ClassificationDataset::ClassificationDataset(std::vector<at::Tensor> input_ids,
 
 std::shared_ptr<TensorDataset> TensorDataset::from_csv(const std::string& path,
                                                        const std::string& label_column) {
-  const std::string text = read_file(path);
-  TORCH_CHECK(!is_blank(text), path, ": empty file");
-  const auto records = parse_csv(path, text);
+  const auto records = read_csv(path);
   const auto& header = records.front().fields;
-  const auto label_it = std::find(header.begin(), header.end(), label_column);
-  TORCH_CHECK(label_it != header.end(), path, ": no column '", label_column,
-              "' in the header; columns found: ", join(header));
-  const size_t label_index = static_cast<size_t>(label_it - header.begin());
+  const size_t label_index = column_index(path, header, label_column);
   TORCH_CHECK(records.size() > 1, path, ": no data rows");
   TORCH_CHECK(header.size() > 1, path, ": no feature columns besides '", label_column, "'");
   std::vector<float> features;
@@ -361,19 +374,10 @@ std::shared_ptr<TensorDataset> TensorDataset::from_csv(const std::string& path,
 std::shared_ptr<ClassificationDataset> ClassificationDataset::from_csv(
     const std::string& path, const std::string& text_column, const std::string& label_column,
     const EncodeFn& encode, int64_t max_length, std::optional<int64_t> num_labels) {
-  const std::string text = read_file(path);
-  TORCH_CHECK(!is_blank(text), path, ": empty file");
-  auto records = parse_csv(path, text);
-  TORCH_CHECK(!records.empty(), path, ": empty file");
+  const auto records = read_csv(path);
   const auto& header = records.front().fields;
-  auto column = [&](const std::string& name) {
-    auto it = std::find(header.begin(), header.end(), name);
-    TORCH_CHECK(it != header.end(), path, ": no column '", name,
-                "' in the header; columns found: ", join(header));
-    return static_cast<size_t>(it - header.begin());
-  };
-  const size_t text_index = column(text_column);
-  const size_t label_index = column(label_column);
+  const size_t text_index = column_index(path, header, text_column);
+  const size_t label_index = column_index(path, header, label_column);
   std::vector<RawRow> rows;
   for (size_t r = 1; r < records.size(); ++r) {
     const auto& record = records[r];
