@@ -2,8 +2,10 @@
 """Writes the example data into a folder, from what installed packages ship
 (nothing is downloaded):
 
-  digits.csv  scikit-learn's handwritten digits (1,797 8x8 images, pixel values
-              0-16, 10 classes): 64 pixel columns, then the label.
+  digits.csv    scikit-learn's handwritten digits (1,797 8x8 images, pixel values
+                0-16, 10 classes): 64 pixel columns, then the label.
+  fortunes.txt  the first 3,000,000 bytes of Debian's fortunes (its *.u8 files,
+                in name order): text for the GPT-2 examples.
 """
 import pathlib
 import sys
@@ -11,9 +13,19 @@ import sys
 from sklearn.datasets import load_digits
 
 
+def write_fortunes(target):
+    if target.exists():
+        return
+    text = b"".join(p.read_bytes() for p in sorted(pathlib.Path("/usr/share/games/fortunes").glob("*.u8")))
+    tmp = target.with_suffix(".tmp")
+    tmp.write_bytes(text[:3_000_000])
+    tmp.rename(target)
+
+
 def main():
     out = pathlib.Path(sys.argv[1] if len(sys.argv) > 1 else "data")
     out.mkdir(parents=True, exist_ok=True)
+    write_fortunes(out / "fortunes.txt")
     target = out / "digits.csv"
     if target.exists():
         return

@@ -57,6 +57,12 @@ std::shared_ptr<dist::GradientReducer> Accelerator::distribute(torch::nn::Module
   return std::make_shared<dist::GradientReducer>(std::move(trained), group, shared_->options.ddp);
 }
 
+void Accelerator::watch_numerics(torch::nn::Module& module) {
+  if (shared_->options.numerics_monitor && !shared_->monitor)
+    shared_->monitor = std::make_shared<log::NumericsMonitor>(module.named_parameters().pairs(),
+                                                              *shared_->options.numerics_monitor);
+}
+
 AcceleratedOptimizer Accelerator::prepare_one(torch::optim::Optimizer& optimizer) {
   return AcceleratedOptimizer(optimizer, shared_);
 }
@@ -266,6 +272,14 @@ void AcceleratedOptimizer::step() {
     flags_->step_was_skipped = false;
   }
   flags_->unscaled = false;
+  // One monitored step per step of the first optimizer.
+  if (shared_->monitor && shared_->optimizers.front().first == optimizer_) {
+    const auto logs = shared_->monitor->end_step(
+        shared_->scaler ? shared_->scaler->get_scale() : 1.0, flags_->step_was_skipped);
+    if (!logs.empty())
+      for (auto& tracker : shared_->trackers)
+        tracker->log(logs, shared_->monitor->records().back().step);
+  }
 }
 
 void AcceleratedOptimizer::zero_grad(bool set_to_none) {
@@ -294,6 +308,10 @@ void Accelerator::backward(const at::Tensor& loss) {
   at::Tensor scaled = loss / shared_->options.gradient_accumulation_steps;
   if (shared_->scaler) scaled = shared_->scaler->scale(scaled);
   scaled.backward();
+  // Complete (and all-reduced) gradients, still scaled: what fp16 held.
+  if (shared_->monitor && shared_->gradient_state.sync_gradients)
+    shared_->monitor->record_gradients(shared_->scaler ? std::optional(shared_->scaler->get_scale())
+                                                       : std::nullopt);
 }
 
 Accelerator::AccumulateGuard Accelerator::accumulate() {
@@ -381,18 +399,18 @@ at::Tensor Accelerator::reduce(const at::Tensor& tensor, const std::string& redu
 
 void Accelerator::init_trackers(const std::string& project_name) {
   if (!is_main_process()) return;
-  trackers_ =
+  shared_->trackers =
       log::make_trackers(shared_->options.log_with,
                          std::filesystem::path(shared_->options.project_dir) / project_name);
 }
 
 void Accelerator::log(const std::map<std::string, double>& values, int64_t step) {
-  for (auto& tracker : trackers_) tracker->log(values, step);
+  for (auto& tracker : shared_->trackers) tracker->log(values, step);
 }
 
 void Accelerator::end_training() {
-  for (auto& tracker : trackers_) tracker->flush();
-  trackers_.clear();
+  for (auto& tracker : shared_->trackers) tracker->flush();
+  shared_->trackers.clear();
 }
 
 void set_seed(uint64_t seed) {

@@ -1,5 +1,7 @@
 #include "mixprec/amp/grad_scaler.h"
 
+#include "mixprec/log/numerics_monitor.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
@@ -128,6 +130,7 @@ void GradScaler::unscale_(torch::optim::Optimizer& optimizer) {
   TORCH_CHECK(state.stage != Stage::kUnscaled,
               "unscale_() has already been called on this optimizer since the last update().");
   TORCH_CHECK(state.stage != Stage::kStepped, "unscale_() is being called after step().");
+  monitor_gradients(optimizer);
   // Reciprocal in double, as PyTorch does, so that 1/scale rounds once.
   at::Tensor inv_scale = scale_.to(at::kDouble).reciprocal().to(at::kFloat);
   state.found_inf_per_device = unscale_grads(optimizer, inv_scale, /*allow_fp16=*/false);
@@ -148,6 +151,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   if (amp_aware != nullptr && amp_aware->step_supports_amp_scaling()) {
     // The optimizer unscales and skips by itself: only check for inf/NaN here.
     if (state.stage == Stage::kReady) {
+      monitor_gradients(optimizer);
       state.found_inf_per_device =
           unscale_grads(optimizer, at::ones({}, scale_.options()), /*allow_fp16=*/true);
     }
@@ -200,7 +204,21 @@ void GradScaler::update(std::optional<double> new_scale) {
                              options_.backoff_factor, options_.growth_interval);
     }
   }
+  if (options_.monitor) {
+    bool skipped = false;
+    for (const auto& [opt, state] : per_optimizer_states_)
+      for (const auto& [device, t] : state.found_inf_per_device) skipped |= t.item<float>() != 0;
+    options_.monitor->end_step(get_scale(), skipped);
+  }
   per_optimizer_states_.clear();
+}
+
+void GradScaler::monitor_gradients(torch::optim::Optimizer& optimizer) {
+  if (!options_.monitor || !options_.monitor->inspects(options_.monitor->current_step())) return;
+  std::vector<at::Tensor> parameters;
+  for (const auto& group : optimizer.param_groups())
+    parameters.insert(parameters.end(), group.params().begin(), group.params().end());
+  options_.monitor->record_gradients(parameters, get_scale());
 }
 
 void GradScaler::update(const at::Tensor& new_scale) {

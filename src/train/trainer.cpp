@@ -126,6 +126,22 @@ struct Trainer::Impl {
   TrainerControl control;
   bool in_train = false;
 
+  // The batch on `device`. A model whose parameters are 16-bit (pure bf16,
+  // *_full_eval) gets its floating inputs in that dtype, as HF's
+  // _prepare_input does for DeepSpeed.
+  data::Batch to_device(const data::Batch& batch, const c10::Device& device) const {
+    std::optional<at::ScalarType> dtype;
+    for (const auto& p : module->parameters())
+      if (p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16) {
+        dtype = p.scalar_type();
+        break;
+      }
+    data::Batch moved;
+    for (const auto& [key, t] : batch)
+      moved[key] = dtype && t.is_floating_point() ? t.to(device, *dtype) : t.to(device);
+    return moved;
+  }
+
   template <typename Event>
   void call(const TrainingArguments& args, TrainerState& state, Event event) {
     for (auto& cb : callbacks) event(*cb, args, state, control);
@@ -160,7 +176,11 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
       // scale 1 would skip every step from then on; it stops instead.
       .scaler = {.min_scale = 1.0},
       .log_with = args_.report_to,
-      .project_dir = args_.output_dir});
+      .project_dir = args_.output_dir,
+      .numerics_monitor = args_.numerics_monitor_steps > 0
+                              ? std::optional(log::NumericsMonitorOptions{
+                                    .every_n_steps = args_.numerics_monitor_steps})
+                              : std::nullopt});
   state_.is_local_process_zero = accelerator_->is_local_main_process();
   state_.is_world_process_zero = accelerator_->is_main_process();
   impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_init_end(a, s, c); });
@@ -238,10 +258,17 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     optimizer =
         std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(args_.learning_rate));
   } else {
+    // A model whose parameters are bf16 trains pure bf16 (no fp32 master copy):
+    // its updates are rounded stochastically, so those below half a bf16 ulp
+    // still count on average (round-to-nearest would drop them).
+    const bool pure_bf16 = std::ranges::any_of(impl.module->parameters(), [](const at::Tensor& p) {
+      return p.scalar_type() == at::kBFloat16;
+    });
     auto options = optim::AdamWOptions(args_.learning_rate)
                        .betas({args_.adam_beta1, args_.adam_beta2})
                        .eps(args_.adam_epsilon)
-                       .fused(args_.optim == "adamw_torch_fused");
+                       .fused(args_.optim == "adamw_torch_fused" && !pure_bf16)
+                       .stochastic_rounding(pure_bf16);
     groups.emplace_back(decay, std::make_unique<optim::AdamWOptions>(
                                    optim::AdamWOptions(options).weight_decay(args_.weight_decay)));
     groups.emplace_back(no_decay, std::make_unique<optim::AdamWOptions>(
@@ -362,8 +389,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       // The last batches of an epoch that do not fill an accumulation window still update.
       acc.gradient_state().end_of_dataloader = step_in_epoch + 1 == batches_per_epoch;
       auto guard = acc.accumulate();
-      data::Batch on_device;
-      for (const auto& [key, t] : batch) on_device[key] = t.to(acc.device());
+      const data::Batch on_device = impl.to_device(batch, acc.device());
       impl.module->train();
       const models::ModelOutput out = prepared.run([&] { return impl.forward(on_device); });
       TORCH_CHECK(out.loss.defined(),
@@ -453,6 +479,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   }
   progress.close();
   impl.in_train = false;
+  if (acc.numerics_monitor() && acc.is_main_process())
+    std::fprintf(stderr, "%s", acc.numerics_monitor()->summary().c_str());
 
   if (args_.load_best_model_at_end && state_.best_model_checkpoint && !stopped_by) {
     const auto file = fs::path(*state_.best_model_checkpoint) / "model.safetensors";
@@ -558,8 +586,7 @@ PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
   int64_t samples = 0, batches = 0;
   const size_t last = loader.size() - 1;
   for (const data::Batch& batch : loader) {
-    data::Batch on_device;
-    for (const auto& [key, t] : batch) on_device[key] = t.to(acc.device());
+    const data::Batch on_device = impl.to_device(batch, acc.device());
     models::ModelOutput out;
     {
       auto autocast = acc.autocast();

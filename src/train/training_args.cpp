@@ -57,6 +57,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("use_cpu", a.use_cpu),
       argument("label_names", a.label_names),
       argument("run_name", a.run_name),
+      argument("numerics_monitor_steps", a.numerics_monitor_steps),
   };
 }
 
@@ -77,6 +78,9 @@ void TrainingArguments::validate() {
   TORCH_CHECK(one_of(save_strategy, {"no", "steps", "epoch", "best"}),
               "TrainingArguments: save_strategy '", save_strategy,
               "' is not one of \"no\", \"steps\", \"epoch\", \"best\"");
+  TORCH_CHECK(numerics_monitor_steps >= 0,
+              "TrainingArguments: numerics_monitor_steps must be >= 0 (0 = off), got ",
+              numerics_monitor_steps);
   const auto& schedulers = optim::scheduler_types();
   TORCH_CHECK(
       std::find(schedulers.begin(), schedulers.end(), lr_scheduler_type) != schedulers.end(),

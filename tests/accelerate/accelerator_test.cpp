@@ -216,6 +216,54 @@ TEST(Accelerator, LogsToItsTrackers) {
   std::filesystem::remove_all(dir);
 }
 
+TEST(Accelerator, NumericsMonitorWatchesTheModelAndLogsItsFigures) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("mixprec_acc_numerics_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  Accelerator accelerator(
+      {.mixed_precision = "fp16",
+       .gradient_accumulation_steps = 2,
+       .scaler = {.init_scale = 256.0},
+       .log_with = {"jsonl"},
+       .project_dir = dir.string(),
+       .numerics_monitor = mixprec::log::NumericsMonitorOptions{.every_n_steps = 2}});
+  accelerator.init_trackers("run");
+  Probe probe;
+  torch::optim::SGD sgd(probe->parameters(), 0.1);
+  auto [model, optimizer] = accelerator.prepare(probe, sgd);
+  ASSERT_NE(accelerator.numerics_monitor(), nullptr);
+  for (int micro = 0; micro < 6; ++micro) {  // 3 optimizer steps
+    auto guard = accelerator.accumulate();
+    at::Tensor loss = model(torch::randn({2, 4}), torch::tensor({0, 1})).loss;
+    if (micro == 3) loss = loss * std::numeric_limits<float>::infinity();  // step 2 overflows
+    accelerator.backward(loss);
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  accelerator.end_training();
+  const auto* monitor = accelerator.numerics_monitor();
+  ASSERT_EQ(monitor->scale_history().size(), 3u);  // optimizer steps, not micro-steps
+  EXPECT_EQ(monitor->scale_history()[1].scale, 128.0);
+  ASSERT_EQ(monitor->records().size(), 2u);  // steps 1 and 2
+  const auto& step2 = monitor->records()[1];
+  EXPECT_TRUE(step2.skipped);
+  EXPECT_EQ(step2.scale, 256.0);
+  ASSERT_EQ(step2.gradients.size(), 2u);
+  EXPECT_EQ(step2.gradients[0].first, "fc.weight");
+  EXPECT_GT(step2.gradients[0].second.overflow, 0);
+  // Both micro-batches' forwards, under fp16 autocast: 2 × (2×3) outputs.
+  ASSERT_EQ(step2.activations.size(), 1u);
+  EXPECT_EQ(step2.activations[0].second.numel, 12);
+  std::ifstream in(dir / "run" / "log.jsonl");
+  std::vector<std::string> lines;
+  for (std::string line; std::getline(in, line);) lines.push_back(line);
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_NE(lines[0].find("\"step\":1"), std::string::npos) << lines[0];
+  EXPECT_NE(lines[1].find("\"numerics/grad_overflow/fc.weight\""), std::string::npos) << lines[1];
+  EXPECT_NE(lines[1].find("\"numerics/loss_scale\":256"), std::string::npos) << lines[1];
+  std::filesystem::remove_all(dir);
+}
+
 TEST(Accelerator, SetSeedReproduces) {
   mixprec::accelerate::set_seed(7);
   auto a = torch::randn({3});

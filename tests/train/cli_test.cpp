@@ -38,6 +38,17 @@ class MixprecCommand : public ::testing::Test {
     return mixprec::testing::run_command(
         "cd " + dir_.string() + " && " MIXPREC_CLI " " + args + " 2>&1", exit_code);
   }
+  // A 3-class table of 5 numeric features and a label column.
+  void write_classification_csv(const std::string& name, int64_t n) {
+    auto task = mixprec::data::make_classification(
+        {.n_samples = n, .n_features = 5, .n_classes = 3, .class_sep = 3.0, .seed = 2});
+    std::string csv = "f0,f1,f2,f3,f4,label\n";
+    for (int64_t i = 0; i < n; ++i) {
+      for (int64_t f = 0; f < 5; ++f) csv += std::to_string(task.x[i][f].item<float>()) + ",";
+      csv += std::to_string(task.labels[i].item<int64_t>()) + "\n";
+    }
+    write(name, csv);
+  }
   json read_json(const fs::path& path) {
     std::ifstream in(path);
     EXPECT_TRUE(in.good()) << path;
@@ -65,14 +76,7 @@ TEST_F(MixprecCommand, HelpListsEveryArgumentWithItsDefault) {
 }
 
 TEST_F(MixprecCommand, TrainsTheClassifierFromAYamlConfigWithFlagOverrides) {
-  auto task = mixprec::data::make_classification(
-      {.n_samples = 400, .n_features = 5, .n_classes = 3, .class_sep = 3.0, .seed = 2});
-  std::string csv = "f0,f1,f2,f3,f4,label\n";
-  for (int64_t i = 0; i < 400; ++i) {
-    for (int64_t f = 0; f < 5; ++f) csv += std::to_string(task.x[i][f].item<float>()) + ",";
-    csv += std::to_string(task.labels[i].item<int64_t>()) + "\n";
-  }
-  write("train.csv", csv);
+  write_classification_csv("train.csv", 400);
   write("run.yaml", R"(model_type: mlp_classifier
 train_file: train.csv
 validation_split_percentage: 25
@@ -110,6 +114,78 @@ disable_tqdm: true
   const json args = read_json(dir_ / "out" / "checkpoint-30" / "training_args.json");
   EXPECT_EQ(args.at("num_train_epochs").get<double>(), 3.0);
   EXPECT_TRUE(args.at("bf16").get<bool>());
+}
+
+TEST_F(MixprecCommand, PrecisionReportComparesThePrecisionsAndRecommendsOne) {
+  write_classification_csv("train.csv", 400);
+  write("run.yaml", R"(model_type: mlp_classifier
+train_file: train.csv
+validation_split_percentage: 25
+hidden_size: 64
+use_cpu: true
+max_steps: 40
+learning_rate: 1.0e-2
+per_device_train_batch_size: 30
+disable_tqdm: true
+numerics_monitor_steps: 10
+)");
+  int code = -1;
+  const std::string out = run("precision-report --config run.yaml --report_dir report", &code);
+  ASSERT_EQ(code, 0) << out;
+  // The Trainer prints the monitor's summary at the end of each run.
+  EXPECT_NE(out.find("Numerics monitor: 5 of 40 steps inspected"), std::string::npos) << out;
+  const fs::path report = dir_ / "report";
+  const json figures = read_json(report / "report.json");
+  ASSERT_EQ(figures.at("runs").size(), 4u) << figures.dump();
+  std::map<std::string, json> runs;
+  for (const auto& r : figures.at("runs")) runs[r.at("precision").get<std::string>()] = r;
+  for (const char* p : {"fp32", "bf16", "fp16", "bf16-true"}) {
+    SCOPED_TRACE(p);
+    ASSERT_TRUE(runs.count(p));
+    EXPECT_EQ(runs[p].at("steps").get<int>(), 40);
+    EXPECT_EQ(runs[p].at("inspected_steps").get<int>(), 5);            // steps 1, 10, 20, 30, 40
+    EXPECT_LT(runs[p].at("final_loss").get<double>(), std::log(3.0));  // it learned
+    EXPECT_FALSE(runs[p].contains("error"));
+  }
+  // Pure bf16 holds parameters and both AdamW moments in half the bytes.
+  EXPECT_EQ(2 * runs["bf16-true"].at("state_bytes").get<int64_t>(),
+            runs["fp32"].at("state_bytes").get<int64_t>());
+  // The recommendation follows the rule the report states (tolerance 2%).
+  const double fp32 = runs["fp32"].at("final_loss").get<double>();
+  auto within = [&](const char* p) {
+    return std::fabs(runs[p].at("final_loss").get<double>() - fp32) <= 0.02 * std::fabs(fp32);
+  };
+  EXPECT_EQ(figures.at("recommendation").get<std::string>(),
+            within("bf16") ? "bf16" : (within("fp16") ? "fp16" : "fp32"));
+  const double init_scale = figures.at("init_scale").get<double>();
+  EXPECT_GE(init_scale, 1.0);
+  EXPECT_EQ(std::ldexp(1.0, std::ilogb(init_scale)), init_scale);  // a power of two
+
+  std::ifstream in(report / "report.md");
+  const std::string md((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  for (const char* text : {"## Recommendation", "| fp32 |", "| bf16 |", "| fp16 |", "| bf16-true |",
+                           "![loss per precision](loss.png)", "fc1.weight",
+                           "Numerics monitor: 5 of 40 steps inspected"})
+    EXPECT_NE(md.find(text), std::string::npos) << text << "\n" << md;
+  for (const char* png : {"loss.png", "loss_scale.png", "underflow.png"}) {
+    std::ifstream image(report / png, std::ios::binary);
+    char magic[4] = {};
+    image.read(magic, 4);
+    EXPECT_EQ(std::string(magic + 1, 3), "PNG") << png;
+  }
+  // Each run logged the monitor's figures to JSONL.
+  std::ifstream log(report / "fp16" / "runs" / "log.jsonl");
+  const std::string lines((std::istreambuf_iterator<char>(log)), std::istreambuf_iterator<char>());
+  EXPECT_NE(lines.find("\"numerics/grad_underflow/fc1.weight\""), std::string::npos);
+
+  EXPECT_NE(run("precision-report --config run.yaml --precisions fp32 fp8", &code)
+                .find("unknown precision 'fp8'"),
+            std::string::npos);
+  EXPECT_EQ(code, 1);
+  EXPECT_NE(run("precision-report --config run.yaml --precisions bf16", &code)
+                .find("precisions must start with fp32"),
+            std::string::npos);
+  EXPECT_EQ(code, 1);
 }
 
 TEST_F(MixprecCommand, TrainsGpt2OnATextFile) {

@@ -4,6 +4,7 @@
 #include "mixprec/amp/grad_scaler.h"
 #include "mixprec/data/dataloader.h"
 #include "mixprec/dist/process_group.h"
+#include "mixprec/log/numerics_monitor.h"
 #include "mixprec/log/tracker.h"
 #include "mixprec/models/model_output.h"
 #include "mixprec/optim/lr_scheduler.h"
@@ -47,6 +48,9 @@ struct AcceleratorOptions {
   std::vector<std::string> log_with = {};
   /// Where `init_trackers(name)` puts them: project_dir/name.
   std::string project_dir = ".";
+  /// Watches the numerics of the first prepared model (a mixprec extra, off
+  /// by default): its figures go to the trackers at the inspected steps.
+  std::optional<log::NumericsMonitorOptions> numerics_monitor = std::nullopt;
 };
 
 /// Accelerate's GradientState: whether this micro-step syncs (steps the
@@ -91,6 +95,8 @@ struct Shared {
   std::vector<optim::LRScheduler*> schedulers;
   std::vector<Checkpointable*> custom_objects;
   std::vector<std::shared_ptr<data::DataLoader>> loaders;
+  std::vector<std::unique_ptr<log::Tracker>> trackers;  // main process only
+  std::shared_ptr<log::NumericsMonitor> monitor;        // when asked for
 
   int64_t num_processes() const { return group ? group->world_size() : 1; }
   void unscale(torch::optim::Optimizer& optimizer, OptimizerFlags& flags);
@@ -270,6 +276,7 @@ class Accelerator {
     else
       shared_->models.push_back(model);
     auto reducer = distribute(*model);
+    watch_numerics(*model);
     return PreparedModel<M>(std::move(model), shared_, std::move(reducer));
   }
   AcceleratedOptimizer prepare_one(torch::optim::Optimizer& optimizer);
@@ -317,6 +324,9 @@ class Accelerator {
   bool optimizer_step_was_skipped() const;
   /// The GradScaler, or null unless mixed_precision is "fp16".
   amp::GradScaler* scaler() const { return shared_->scaler.get(); }
+  /// The numerics monitor of the first prepared model; null unless
+  /// `numerics_monitor` was set.
+  log::NumericsMonitor* numerics_monitor() const { return shared_->monitor.get(); }
 
   const std::string& mixed_precision() const { return shared_->options.mixed_precision; }
   int64_t gradient_accumulation_steps() const {
@@ -377,10 +387,10 @@ class Accelerator {
   // Data parallel: makes every rank start from rank 0's parameters and
   // buffers, and returns the module's gradient reducer (null in one process).
   std::shared_ptr<dist::GradientReducer> distribute(torch::nn::Module& module);
+  void watch_numerics(torch::nn::Module& module);
   void print_line(const std::string& line) const;
 
   std::shared_ptr<detail::Shared> shared_;
-  std::vector<std::unique_ptr<log::Tracker>> trackers_;
 };
 
 /// Seeds every generator a run uses (LibTorch's CPU and CUDA generators and

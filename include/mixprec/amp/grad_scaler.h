@@ -11,10 +11,14 @@
 #include <utility>
 #include <vector>
 
+namespace mixprec::log {
+class NumericsMonitor;
+}
+
 namespace mixprec::amp {
 
 /// Options of `GradScaler`. The defaults are `torch.amp.GradScaler`'s; the
-/// last three fields go beyond PyTorch and are off by default.
+/// last four fields go beyond PyTorch and are off by default.
 struct GradScalerOptions {
   double init_scale = 65536.0;  // 2**16
   double growth_factor = 2.0;
@@ -29,6 +33,10 @@ struct GradScalerOptions {
   /// DeepSpeed's hysteresis: overflows tolerated (step skipped, scale kept)
   /// before the scale backs off; refilled when the scale grows. 1 = PyTorch.
   int64_t hysteresis = 1;
+  /// Records the (still scaled) gradients of its inspected steps before they
+  /// are unscaled, and ends each step in update() with the new scale. Not
+  /// owned: it must outlive the scaler.
+  log::NumericsMonitor* monitor = nullptr;
 };
 
 /// An optimizer whose step() unscales gradients and skips itself on inf/NaN,
@@ -114,6 +122,7 @@ class GradScaler {
                                                                bool allow_fp16);
   bool uses_extensions() const;
   void update_with_extensions(const at::Tensor& found_inf);
+  void monitor_gradients(torch::optim::Optimizer& optimizer);
 
   GradScalerOptions options_;
   double init_scale_;

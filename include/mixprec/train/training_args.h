@@ -72,6 +72,10 @@ struct TrainingArguments {
   bool use_cpu = false;
   std::optional<std::vector<std::string>> label_names = std::nullopt;
   std::optional<std::string> run_name = std::nullopt;
+  /// mixprec's own: inspect gradient and activation numerics (fp16 underflow
+  /// and overflow, exponent ranges) at step 1 and every N steps, log them to
+  /// report_to and print a summary at the end (log::NumericsMonitor); 0 = off.
+  int64_t numerics_monitor_steps = 0;
 
   /// Checks the combinations transformers checks in __post_init__ and fills the
   /// defaults that depend on others; an error says which arguments clash.
