@@ -1,15 +1,19 @@
-// Tokens/s of the level-1 loop on GPT-2 (mixprec::models::GPT2LMHeadModel, fresh
-// init, synthetic tokens) in one configuration, for bench/run.py --workload
+// Tokens/s of the level-1 loop (or the same through the Accelerator or the
+// Trainer, --level accelerator|trainer) on GPT-2 (mixprec::models::GPT2LMHeadModel, fresh init,
+// synthetic tokens) in one configuration, for bench/run.py --workload
 // gpt2-small|gpt2-large. One JSON line on stdout. Its Python twin is
-// bench/gpt2_bench.py (transformers' GPT2LMHeadModel); keep the two doing the
-// same work: autocast + GradScaler (fp16) + fused AdamW, dropout off, 2 threads.
+// bench/gpt2_bench.py (transformers' GPT2LMHeadModel, HF Accelerate, HF Trainer); keep the
+// two doing the same work: autocast + GradScaler (fp16) + fused AdamW, dropout
+// off, 2 threads.
 //
 //   build/bench/gpt2_bench --size small --precision fp16 --fast-path on --steps 20
+#include <mixprec/accelerate/accelerator.h>
 #include <mixprec/amp/autocast.h>
 #include <mixprec/amp/fp16_cpu.h>
 #include <mixprec/amp/grad_scaler.h>
 #include <mixprec/models/gpt2.h>
 #include <mixprec/optim/adamw.h>
+#include <mixprec/train/trainer.h>
 
 #include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
@@ -18,11 +22,16 @@
 #include "timed_steps.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cstdio>
+#include <filesystem>
+#include <functional>
 #include <map>
+#include <optional>
 #include <vector>
 
 #include <sys/resource.h>
+#include <unistd.h>
 
 namespace {
 
@@ -74,11 +83,52 @@ void print_self_times(const std::function<void()>& f) {
   std::fprintf(stderr, "total of top-level events: %.1f ms\n", total);
 }
 
+// The Trainer on the same batches, with HF's defaults where the loop has none
+// (clipping at 1, shuffling): the steps after `warmup` are timed by a
+// callback, as the Trainer's own runtime includes its setup and the warm-up.
+TimedSteps time_trainer(mixprec::models::GPT2LMHeadModel model, const torch::Tensor& data,
+                        const std::string& precision, int64_t warmup, int64_t steps) {
+  struct Clock : mixprec::train::TrainerCallback {
+    int64_t warmup = 0;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    void on_step_end(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
+                     mixprec::train::TrainerControl&) override {
+      if (state.global_step == warmup) start = std::chrono::steady_clock::now();
+    }
+  };
+  auto clock = std::make_shared<Clock>();
+  clock->warmup = warmup;
+  const auto ids = data.reshape({-1, data.size(2)});  // (batches·B, T)
+  auto dataset = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"input_ids", ids}, {"labels", ids}});
+  mixprec::TrainingArguments args;
+  args.output_dir =
+      (std::filesystem::temp_directory_path() / ("gpt2_bench_" + std::to_string(getpid())))
+          .string();
+  args.overwrite_output_dir = true;
+  args.fp16 = precision == "fp16";
+  args.bf16 = precision == "bf16";
+  args.max_steps = warmup + steps;
+  args.per_device_train_batch_size = data.size(1);
+  args.learning_rate = 3e-4;
+  args.lr_scheduler_type = "constant";
+  args.logging_strategy = "no";
+  args.save_strategy = "no";
+  args.disable_tqdm = true;
+  args.use_cpu = true;
+  mixprec::Trainer trainer(model, args, dataset, nullptr, {}, {clock});
+  const auto output = trainer.train();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - clock->start).count();
+  std::filesystem::remove_all(args.output_dir);
+  return {output.training_loss, seconds};
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"tokens/s of the level-1 loop on GPT-2 in one configuration"};
-  std::string size = "small", precision = "fp32", fast_path = "auto";
+  std::string size = "small", precision = "fp32", fast_path = "auto", level = "loop";
   int steps = 20, warmup = 2, threads = 2;
   bool profile = false;
   app.add_option("--size", size, "small: 2 x 128, T 128; large: 6 x 512, T 256 (B 8, V 4096)")
@@ -86,6 +136,10 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--fast-path", fast_path, "mixprec's fp16 CPU fast path")
       ->check(CLI::IsMember({"auto", "on", "off"}));
+  app.add_option("--level", level,
+                 "loop: autocast + GradScaler by hand; accelerator: the same through "
+                 "mixprec::Accelerator; trainer: mixprec::Trainer (HF's defaults: clipping at 1)")
+      ->check(CLI::IsMember({"loop", "accelerator", "trainer"}));
   app.add_option("--steps", steps)->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup)->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads)->check(CLI::PositiveNumber);
@@ -117,7 +171,7 @@ int main(int argc, char** argv) {
   const bool autocast = precision != "fp32";
   const auto dtype = precision == "fp16" ? torch::kHalf : torch::kBFloat16;
 
-  auto step = [&](int64_t i) {
+  std::function<torch::Tensor(int64_t)> step = [&](int64_t i) {
     const auto ids = data[i % data.size(0)];
     torch::Tensor loss;
     {
@@ -130,20 +184,37 @@ int main(int argc, char** argv) {
     optimizer.zero_grad();
     return loss;
   };
-  for (int i = 0; i < warmup; ++i) step(i);
+  std::optional<mixprec::Accelerator> accelerator;
+  if (level == "accelerator") {
+    accelerator.emplace(mixprec::AcceleratorOptions{
+        .mixed_precision = precision == "fp32" ? "no" : precision, .cpu = true});
+    step = [&, prepared = accelerator->prepare(model),
+            accelerated = accelerator->prepare(optimizer)](int64_t i) mutable {
+      const auto ids = data[i % data.size(0)];
+      const auto loss = prepared.run([&] { return model->forward(ids, /*labels=*/ids); }).loss;
+      accelerator->backward(loss);
+      accelerated.step();
+      accelerated.zero_grad();
+      return loss;
+    };
+  }
+  for (int i = 0; i < warmup && level != "trainer"; ++i) step(i);
   if (profile) {
     print_self_times([&] { step(warmup).item<double>(); });
     return 0;
   }
   const int64_t calls_before = mixprec::amp::fp16_cpu_fast_path_calls();
-  const auto [final_loss, seconds] = time_steps(step, warmup, steps);
+  auto [final_loss, seconds] = level == "trainer"
+                                   ? time_trainer(model, data, precision, warmup, steps)
+                                   : time_steps(step, warmup, steps);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);
   std::printf(
-      "{\"impl\": \"mixprec\", \"size\": \"%s\", \"precision\": \"%s\", \"fast_path\": \"%s\", "
+      "{\"impl\": \"mixprec\", \"level\": \"%s\", \"size\": \"%s\", \"precision\": \"%s\", "
+      "\"fast_path\": \"%s\", "
       "\"fast_path_active\": %s, \"fast_path_calls\": %lld, \"tokens_per_s\": %.1f, "
       "\"final_loss\": %.6f, \"peak_rss_mb\": %.1f}\n",
-      size.c_str(), precision.c_str(), fast_path.c_str(),
+      level.c_str(), size.c_str(), precision.c_str(), fast_path.c_str(),
       mixprec::amp::fp16_cpu_fast_path_active() ? "true" : "false",
       static_cast<long long>(mixprec::amp::fp16_cpu_fast_path_calls() - calls_before),
       static_cast<double>(steps * batch * seq) / seconds, final_loss, usage.ru_maxrss / 1024.0);

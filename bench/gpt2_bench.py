@@ -1,7 +1,9 @@
 #!/usr/bin/env python3
 """Python twin of bench/gpt2_bench.cpp: the level-1 loop on transformers'
 GPT2LMHeadModel (same config, fresh init, synthetic tokens) with torch.autocast,
-torch.amp.GradScaler (fp16) and fused torch.optim.AdamW, dropout off, 2 threads.
+torch.amp.GradScaler (fp16) and fused torch.optim.AdamW, dropout off, 2 threads;
+or (--level accelerator) the same through HF Accelerate's Accelerator, or
+(--level trainer) transformers' Trainer (its defaults: clipping at 1, shuffling).
 Prints one JSON line. Run through bench/run.py --workload gpt2-small|gpt2-large."""
 import argparse
 import json
@@ -13,10 +15,37 @@ from transformers import GPT2Config, GPT2LMHeadModel
 from timing import time_steps
 
 
+def time_trainer(model, data, a):
+    """The steps after the warm-up, timed by a callback (the Trainer's runtime includes its setup)."""
+    import tempfile
+    import time
+
+    from transformers import Trainer, TrainerCallback, TrainingArguments
+
+    class Clock(TrainerCallback):
+        start = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            if state.global_step == a.warmup:
+                Clock.start = time.perf_counter()
+
+    ids = data.reshape(-1, data.shape[-1])
+    dataset = [{"input_ids": row, "labels": row} for row in ids]
+    with tempfile.TemporaryDirectory() as out:
+        args = TrainingArguments(output_dir=out, fp16=a.precision == "fp16", bf16=a.precision == "bf16",
+                                 max_steps=a.warmup + a.steps, per_device_train_batch_size=data.shape[1],
+                                 learning_rate=3e-4, lr_scheduler_type="constant", logging_strategy="no",
+                                 save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
+                                 optim="adamw_torch_fused")
+        result = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[Clock()]).train()
+    return result.training_loss, time.perf_counter() - Clock.start
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--size", choices=["small", "large"], default="small")
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument("--level", choices=["loop", "accelerator", "trainer"], default="loop")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
@@ -46,10 +75,27 @@ def main():
         optimizer.zero_grad()
         return loss
 
-    for i in range(a.warmup):
-        step(i)
-    final_loss, seconds = time_steps(step, a.warmup, a.steps)
-    print(json.dumps({"impl": "pytorch", "size": a.size, "precision": a.precision,
+    if a.level == "accelerator":
+        from accelerate import Accelerator
+
+        accelerator = Accelerator(mixed_precision="no" if a.precision == "fp32" else a.precision, cpu=True)
+        model, optimizer = accelerator.prepare(model, optimizer)
+
+        def step(i):  # noqa: F811 (the loop's step, through the Accelerator)
+            ids = data[i % data.shape[0]]
+            loss = model(input_ids=ids, labels=ids).loss
+            accelerator.backward(loss)
+            optimizer.step()
+            optimizer.zero_grad()
+            return loss
+
+    if a.level == "trainer":
+        final_loss, seconds = time_trainer(model, data, a)
+    else:
+        for i in range(a.warmup):
+            step(i)
+        final_loss, seconds = time_steps(step, a.warmup, a.steps)
+    print(json.dumps({"impl": "pytorch", "level": a.level, "size": a.size, "precision": a.precision,
                       "tokens_per_s": round(a.steps * batch * seq / seconds, 1),
                       "final_loss": round(final_loss, 6),
                       "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))

@@ -18,8 +18,12 @@ init, synthetic tokens, B 8, V 4096; small = 2 layers x 128, 4 heads, T 128;
 large = 6 layers x 512, 8 heads, T 256. Tokens/s over --steps steps after 2
 warm-up steps (default 20 small, 5 large), and each run's peak RSS
 (getrusage ru_maxrss in the child); mixprec's fp16 with its CPU fast path
-forced on and off. A run past --timeout seconds is reported as "timed out"
-and not tried again.
+forced on and off; the same loop through mixprec's Accelerator and HF
+Accelerate (--level accelerator) and through the two Trainers (--level
+trainer), for their overhead; MFU against the GEMM
+peak of each dtype, measured in the same run (torch.mm 1024^3, interleaved with
+the reps). A run past --timeout seconds is reported as "timed out" and not
+tried again.
 """
 import argparse
 import json
@@ -59,21 +63,62 @@ def run_one(impl, config, args):
     return json.loads(out.strip().splitlines()[-1])
 
 
-# (impl, precision, fast path) of the GPT-2 workload; PyTorch has no fast path.
+# (impl, precision, fast path, level) of the GPT-2 workload; PyTorch has no
+# fast path; level "accelerator" is mixprec's Accelerator or HF Accelerate's,
+# "trainer" mixprec's Trainer or transformers'.
 GPT2_CONFIGS = [
-    ("mixprec", "fp32", None),
-    ("pytorch", "fp32", None),
-    ("mixprec", "bf16", None),
-    ("pytorch", "bf16", None),
-    ("mixprec", "fp16", "on"),
-    ("mixprec", "fp16", "off"),
-    ("pytorch", "fp16", None),
+    ("mixprec", "fp32", None, "loop"),
+    ("pytorch", "fp32", None, "loop"),
+    ("mixprec", "bf16", None, "loop"),
+    ("pytorch", "bf16", None, "loop"),
+    ("mixprec", "fp16", "on", "loop"),
+    ("mixprec", "fp16", "off", "loop"),
+    ("pytorch", "fp16", None, "loop"),
+    ("mixprec", "fp32", None, "accelerator"),
+    ("pytorch", "fp32", None, "accelerator"),
+    ("mixprec", "bf16", None, "accelerator"),
+    ("pytorch", "bf16", None, "accelerator"),
+    ("mixprec", "fp16", None, "accelerator"),
+    ("pytorch", "fp16", None, "accelerator"),
+    ("mixprec", "fp32", None, "trainer"),
+    ("pytorch", "fp32", None, "trainer"),
+    ("mixprec", "bf16", None, "trainer"),
+    ("pytorch", "bf16", None, "trainer"),
+    ("mixprec", "fp16", None, "trainer"),
+    ("pytorch", "fp16", None, "trainer"),
 ]
 
 
+def gemm_peaks(reps=5, n=1024):
+    """GFLOP/s of a 1024^3 mm per dtype on this machine now (median of reps), 2 threads: the
+    MFU denominator, measured in the same run as the tokens/s."""
+    import time
+
+    import torch
+    torch.set_num_threads(2)
+    peaks = {}
+    for name, dtype in (("fp32", torch.float32), ("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        a, b = torch.randn(n, n, dtype=dtype), torch.randn(n, n, dtype=dtype)
+        torch.mm(a, b)
+        times = []
+        for _ in range(reps):
+            start = time.perf_counter()
+            torch.mm(a, b)
+            times.append(time.perf_counter() - start)
+        peaks[name] = 2 * n ** 3 / statistics.median(times) / 1e9
+    return peaks
+
+
+def flops_per_token(size):
+    """Training FLOPs per token of the GPT-2 workload, PaLM's count: 6 x (matmul
+    parameters: 12 d^2 per layer + the tied LM head V d) + 12 L T d (attention)."""
+    layers, d, t, v = (6, 512, 256, 4096) if size == "large" else (2, 128, 128, 4096)
+    return 6 * (12 * layers * d * d + v * d) + 12 * layers * t * d
+
+
 def run_gpt2(config, size, args):
-    impl, precision, fast_path = config
-    flags = ["--size", size, "--precision", precision, "--steps", str(args.steps)]
+    impl, precision, fast_path, level = config
+    flags = ["--size", size, "--precision", precision, "--steps", str(args.steps), "--level", level]
     if impl == "mixprec":
         cmd = [os.path.join(args.build, "bench", "gpt2_bench")] + flags + ["--fast-path", fast_path or "auto"]
     else:
@@ -89,19 +134,21 @@ def run_gpt2(config, size, args):
 
 
 def gpt2_config_of(r):
-    return (r["impl"], r["precision"], None if r["impl"] == "pytorch" or r["fast_path"] == "auto" else r["fast_path"])
+    return (r["impl"], r["precision"], None if r["impl"] == "pytorch" or r["fast_path"] == "auto" else r["fast_path"],
+            r.get("level", "loop"))
 
 
 def main_gpt2(args):
     size = args.workload.split("-")[1]
     if args.steps is None:
         args.steps = 20 if size == "small" else 5
-    runs, timed_out = {}, set()
+    runs, timed_out, peaks = {}, set(), {}
     if args.from_json:  # print the tables of an earlier run
         with open(args.from_json) as f:
             saved = json.load(f)
         args.steps, args.reps = saved["steps"], saved["reps"]
         timed_out = {tuple(c) for c in saved["timed_out"]}
+        peaks = saved.get("gemm_peaks", {})
         for r in saved["runs"]:
             runs.setdefault(gpt2_config_of(r), []).append(r)
     for rep in range(0 if args.from_json else args.reps):
@@ -113,6 +160,8 @@ def main_gpt2(args):
                 timed_out.add(config)
             else:
                 runs.setdefault(config, []).append(r)
+        for dtype, gflops in gemm_peaks().items():  # interleaved too
+            peaks.setdefault(dtype, []).append(gflops)
         print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
 
     def median(config, key="tokens_per_s", pick=statistics.median):
@@ -128,31 +177,60 @@ def main_gpt2(args):
     print(f"GPT-2 {size} ({shape}, B 8, V 4096), level-1 loop, fused AdamW, {args.steps} timed steps after 2 "
           f"warm-up, median of {args.reps} interleaved runs; {platform.processor() or platform.machine()}, "
           f"torch {torch.__version__}, 2 threads.\n")
+    peak = {dtype: statistics.median(v) for dtype, v in peaks.items()}
+
+    def mfu(config):  # against the GEMM peak of the dtype the matmuls ran in
+        v = median(config)
+        dtype = config[1] if config[1] != "fp16" or config[2] == "off" else "fp32"  # the fast path: fp32 GEMMs
+        return "-" if v is None or dtype not in peak else f"{100 * v * flops_per_token(size) / 1e9 / peak[dtype]:.0f}%"
+
     print("| precision | mixprec tokens/s | PyTorch tokens/s | mixprec / PyTorch | best run: mixprec / PyTorch "
-          "| peak RSS MB: mixprec / PyTorch |")
-    print("|---|---|---|---|---|---|")
-    rows = [("fp32", ("mixprec", "fp32", None), ("pytorch", "fp32", None)),
-            ("bf16", ("mixprec", "bf16", None), ("pytorch", "bf16", None)),
-            ("fp16 + GradScaler, mixprec fast path on", ("mixprec", "fp16", "on"), ("pytorch", "fp16", None)),
-            ("fp16 + GradScaler, fast path off (LibTorch's fp16 kernels)", ("mixprec", "fp16", "off"),
-             ("pytorch", "fp16", None))]
+          "| peak RSS MB: mixprec / PyTorch | MFU: mixprec / PyTorch |")
+    print("|---|---|---|---|---|---|---|")
+    rows = [("fp32", ("mixprec", "fp32", None, "loop"), ("pytorch", "fp32", None, "loop")),
+            ("bf16", ("mixprec", "bf16", None, "loop"), ("pytorch", "bf16", None, "loop")),
+            ("fp16 + GradScaler, mixprec fast path on", ("mixprec", "fp16", "on", "loop"),
+             ("pytorch", "fp16", None, "loop")),
+            ("fp16 + GradScaler, fast path off (LibTorch's fp16 kernels)", ("mixprec", "fp16", "off", "loop"),
+             ("pytorch", "fp16", None, "loop"))]
     for name, m, t in rows:
         mv, tv = median(m), median(t)
         ratio = "-" if mv is None or tv is None else f"{mv / tv:.2f}x"
         print(f"| {name} | {cell(mv)} | {cell(tv)} | {ratio} | {cell(median(m, pick=max))} / "
-              f"{cell(median(t, pick=max))} | {cell(median(m, 'peak_rss_mb'))} / {cell(median(t, 'peak_rss_mb'))} |")
+              f"{cell(median(t, pick=max))} | {cell(median(m, 'peak_rss_mb'))} / {cell(median(t, 'peak_rss_mb'))} "
+              f"| {mfu(m)} / {mfu(t)} |")
+    print(f"\nMFU = tokens/s x {flops_per_token(size) / 1e6:.1f} MFLOP/token (6 x matmul parameters + 12 L T d) / "
+          "the GEMM peak measured in this run (mm 1024^3, median): "
+          + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items()) + ".")
+
+    print("\n| precision | mixprec loop | Accelerator | Trainer | overhead: Accelerator / Trainer "
+          "| PyTorch loop | HF Accelerate | HF Trainer | overhead: Accelerate / HF Trainer |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    over = lambda loop, v: "-" if loop is None or v is None else f"{100 * (loop / v - 1):+.1f}%"
+    for precision in ("fp32", "bf16", "fp16"):
+        ml = median(("mixprec", precision, None, "loop"))
+        if precision == "fp16":  # the loop run whose fast path is the Accelerator's (kAuto)
+            active = any(r["fast_path_active"] for r in runs.get(("mixprec", "fp16", None, "accelerator"), []))
+            ml = median(("mixprec", "fp16", "on" if active else "off", "loop"))
+        ma, mt = median(("mixprec", precision, None, "accelerator")), median(("mixprec", precision, None, "trainer"))
+        pl, pa, pt = (median(("pytorch", precision, None, level)) for level in ("loop", "accelerator", "trainer"))
+        print(f"| {precision} | {cell(ml)} | {cell(ma)} | {cell(mt)} | {over(ml, ma)} / {over(ml, mt)} "
+              f"| {cell(pl)} | {cell(pa)} | {cell(pt)} | {over(pl, pa)} / {over(pl, pt)} |")
+    print("\nOverhead = loop tokens/s / (Accelerator or Trainer) tokens/s - 1. The Trainers clip gradients at 1 "
+          "(HF's default) and shuffle; the loops do neither. HF Accelerate and the HF Trainer on a CPU train fp16 in "
+          "fp32 (their final losses equal their fp32 runs'); mixprec's run fp16 autocast + GradScaler.")
 
     def ratio(a, b):
         va, vb = median(a), median(b)
         return "-" if va is None or vb is None else f"{va / vb:.2f}"
 
     print(f"\nfp16 / fp32 tokens/s (medians): mixprec fast path on "
-          f"{ratio(('mixprec', 'fp16', 'on'), ('mixprec', 'fp32', None))}"
-          f", fast path off {ratio(('mixprec', 'fp16', 'off'), ('mixprec', 'fp32', None))}"
-          f", PyTorch {ratio(('pytorch', 'fp16', None), ('pytorch', 'fp32', None))}.")
+          f"{ratio(('mixprec', 'fp16', 'on', 'loop'), ('mixprec', 'fp32', None, 'loop'))}"
+          f", fast path off {ratio(('mixprec', 'fp16', 'off', 'loop'), ('mixprec', 'fp32', None, 'loop'))}"
+          f", PyTorch {ratio(('pytorch', 'fp16', None, 'loop'), ('pytorch', 'fp32', None, 'loop'))}.")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"workload": args.workload, "steps": args.steps, "reps": args.reps,
+            json.dump({"workload": args.workload, "steps": args.steps, "reps": args.reps, "gemm_peaks": peaks,
                        "timed_out": sorted(timed_out, key=str), "runs": [r for rs in runs.values() for r in rs]},
                       f, indent=1)
 

@@ -324,7 +324,7 @@ std::pair<std::string, std::string> write_report(const Command& c, const ReportA
     std::snprintf(rel, sizeof(rel), "%+.2f%%", 100 * gap(run));
     md << "| " << run.precision << " | " << fixed(run.final_loss) << " | "
        << (&run == &fp32 ? "–" : rel) << " | " << fixed(run.eval_loss) << " | "
-       << fixed(std::round(run.samples_per_second), 6) << " | "
+       << fixed(run.samples_per_second, run.samples_per_second >= 1000 ? 6 : 3) << " | "
        << (run.precision == "fp16" ? std::to_string(skipped) : "–") << " | "
        << (run.precision == "fp16" && !run.scales.empty() ? power_of_two(run.scales.back().scale)
                                                           : "–")

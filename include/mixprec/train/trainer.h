@@ -70,6 +70,10 @@ BatchForward forward_on_batches(M model) {
 /// trainer.train();
 /// ```
 ///
+/// A model whose parameters are bf16 (`model->to(torch::kBFloat16)`) trains
+/// pure bf16: AdamW (unfused) with stochastic rounding, floating inputs cast
+/// to bf16 (Lightning's "bf16-true").
+///
 /// Checkpoints are `output_dir/checkpoint-N/`: model.safetensors,
 /// optimizer/scheduler/scaler/RNG state (safetensors + JSON, no pickle),
 /// trainer_state.json and training_args.json in HF's format.
