@@ -5,6 +5,7 @@ several times, and prints Markdown tables of medians.
 
     python3 bench/run.py [--reps 5] [--steps 300] [--build build] [--json out.json]
     python3 bench/run.py --workload gpt2-small|gpt2-large [--reps 3] [--steps N] [--timeout 600]
+    python3 bench/run.py --workload dp [--reps 3] [--steps 20] [--losses dp_losses.jsonl]
 
 Tables: steps/s per precision (fused AdamW; GradScaler for fp16) of each loop,
 ratio of mixprec to its Python twin, the Accelerator's overhead over the plain
@@ -235,17 +236,77 @@ def main_gpt2(args):
                       f, indent=1)
 
 
+# (processes, compression) of the data-parallel workload.
+DP_CONFIGS = [(1, "none"), (2, "none"), (2, "fp16"), (2, "bf16")]
+
+
+def run_dp(config, args):
+    processes, compression = config
+    cmd = [os.path.join(args.build, "bench", "dp_bench"), "--compression", compression, "--steps", str(args.steps),
+           "--threads", "1"]
+    if processes > 1:  # --standalone: a free port, not torchrun's default 29500
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(processes),
+               "--no-python"] + cmd
+    out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=args.timeout).stdout
+    return json.loads(out.strip().splitlines()[-1])
+
+
+def main_dp(args):
+    if args.steps is None:
+        args.steps = 20
+    runs = {}
+    for rep in range(args.reps):
+        for config in DP_CONFIGS:
+            runs.setdefault(config, []).append(run_dp(config, args))
+        print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
+
+    def median(config, key):
+        return statistics.median(r[key] for r in runs[config])
+
+    import torch
+    one = median((1, "none"), "tokens_per_s")
+    reference = runs[(2, "none")][0]["losses"]
+    print(f"Data parallel, GPT-2 small (2 layers x 128, 4 heads, T 128, B 8 per process, V 4096), fp32, fused "
+          f"AdamW, {args.steps} timed steps after 2 warm-up, 1 thread per process, Gloo, median of {args.reps} "
+          f"interleaved runs; {platform.processor() or platform.machine()}, torch {torch.__version__}.\n")
+    print("| processes | all-reduce in | tokens/s (global) | scaling efficiency | bytes all-reduced per step "
+          "| final loss | max loss difference from fp32 all-reduce |")
+    print("|---|---|---|---|---|---|---|")
+    for config in DP_CONFIGS:
+        processes, compression = config
+        tps = median(config, "tokens_per_s")
+        efficiency = "-" if processes == 1 else f"{tps / (processes * one):.2f}"
+        dtype = "-" if processes == 1 else {"none": "fp32", "fp16": "fp16", "bf16": "bf16"}[compression]
+        r = runs[config][0]
+        diff = "-" if processes == 1 else f"{max(abs(a - b) for a, b in zip(r['losses'], reference)):.2e}"
+        print(f"| {processes} | {dtype} | {tps:.0f} | {efficiency} | {median(config, 'bytes_per_step'):,.0f} "
+              f"| {r['final_loss']:.4f} | {diff} |")
+    with open(args.losses, "w") as f:
+        for (processes, compression), rs in runs.items():
+            for rep, r in enumerate(rs):
+                for step, loss in enumerate(r["losses"]):
+                    f.write(json.dumps({"processes": processes, "compression": compression, "rep": rep,
+                                        "step": step, "loss": loss}) + "\n")
+    print(f"\nLoss per step of every run: {args.losses}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump([r for rs in runs.values() for r in rs], f, indent=1)
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--workload", choices=["digits", "gpt2-small", "gpt2-large"], default="digits")
+    p.add_argument("--workload", choices=["digits", "gpt2-small", "gpt2-large", "dp"], default="digits")
     p.add_argument("--reps", type=int, default=5)
-    p.add_argument("--steps", type=int, help="timed steps per run (default 300 digits, 20 gpt2-small, 5 gpt2-large)")
-    p.add_argument("--timeout", type=float, default=600, help="seconds per GPT-2 run")
+    p.add_argument("--steps", type=int, help="timed steps per run (default 300 digits, 20 gpt2-small and dp, 5 gpt2-large)")
+    p.add_argument("--timeout", type=float, default=600, help="seconds per GPT-2 or dp run")
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--data", default=os.path.join(ROOT, "data", "digits.csv"))
     p.add_argument("--json", help="also write every run here")
+    p.add_argument("--losses", default="dp_losses.jsonl", help="dp: the loss curves, one JSON line per step")
     p.add_argument("--from-json", help="GPT-2 workloads: print the tables of a file --json wrote, run nothing")
     args = p.parse_args()
+    if args.workload == "dp":
+        return main_dp(args)
     if args.workload != "digits":
         return main_gpt2(args)
     if args.steps is None:

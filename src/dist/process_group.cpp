@@ -6,9 +6,10 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
-#include <torch/csrc/distributed/c10d/default_comm_hooks.hpp>
+#include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <mutex>
@@ -118,8 +119,55 @@ void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t root) {
 
 void ProcessGroup::barrier() { impl_->group->barrier()->wait(); }
 
+namespace {
+
+// DDP's allreduce / fp16_compress / bf16_compress hooks in one: the bucket,
+// cast to the wire dtype and divided by the world size, is summed over the
+// ranks and copied back into the bucket (fp32), which the Reducer then copies
+// into the gradients. Every mode goes through it, so the byte count is exact.
+class CompressedAllReduceHook
+    : public c10d::CppCommHookInterface<c10::intrusive_ptr<c10d::ProcessGroup>> {
+ public:
+  CompressedAllReduceHook(c10::intrusive_ptr<c10d::ProcessGroup> group, at::ScalarType wire,
+                          std::shared_ptr<std::atomic<int64_t>> bytes)
+      : CppCommHookInterface(std::move(group)), wire_(wire), bytes_(std::move(bytes)) {}
+
+  c10::intrusive_ptr<c10::ivalue::Future> runHook(c10d::GradBucket& bucket) override {
+    at::Tensor buffer = bucket.getBufferRef();  // a handle on the bucket's storage
+    // Divide before the sum, as DDP's hooks do: fp16 would overflow sooner otherwise.
+    at::Tensor sent = buffer.to(wire_).div_(state_->getSize());  // in place when wire is fp32
+    *bytes_ += static_cast<int64_t>(sent.nbytes());
+    std::vector<at::Tensor> tensors{sent};
+    return state_->allreduce(tensors)->getFuture()->then(
+        [buffer, sent](c10::ivalue::Future&) {
+          if (!sent.is_same(buffer)) buffer.copy_(sent);
+          return c10::IValue(buffer);
+        },
+        c10::TensorType::get());
+  }
+
+ private:
+  at::ScalarType wire_;
+  std::shared_ptr<std::atomic<int64_t>> bytes_;
+};
+
+at::ScalarType wire_dtype(GradientCompression compression) {
+  switch (compression) {
+    case GradientCompression::kFp16:
+      return at::kHalf;
+    case GradientCompression::kBf16:
+      return at::kBFloat16;
+    case GradientCompression::kNone:
+      break;
+  }
+  return at::kFloat;
+}
+
+}  // namespace
+
 struct GradientReducer::Impl {
   std::shared_ptr<ProcessGroup> group;
+  std::shared_ptr<std::atomic<int64_t>> bytes = std::make_shared<std::atomic<int64_t>>(0);
   std::unique_ptr<c10d::Reducer> reducer;
 };
 
@@ -143,12 +191,14 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
       static_cast<int64_t>(c10d::kDefaultFirstBucketBytes),
       /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
       std::vector<int64_t>(limits.begin(), limits.end()));
-  if (options.fp16_compress)
-    impl_->reducer->register_builtin_comm_hook(c10d::BuiltinCommHookType::FP16_COMPRESS);
+  impl_->reducer->register_comm_hook(std::make_unique<CompressedAllReduceHook>(
+      impl_->group->impl_->group, wire_dtype(options.compression), impl_->bytes));
 }
 
 GradientReducer::~GradientReducer() = default;
 
 void GradientReducer::prepare_for_backward() { impl_->reducer->prepare_for_backward({}); }
+
+int64_t GradientReducer::bytes_all_reduced() const { return *impl_->bytes; }
 
 }  // namespace mixprec::dist

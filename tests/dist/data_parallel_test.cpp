@@ -8,10 +8,12 @@
 #include <torch/torch.h>
 
 #include <limits>
+#include <vector>
 
 namespace {
 
 using mixprec::Accelerator;
+using mixprec::dist::GradientCompression;
 
 torch::nn::Sequential make_net() {
   return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(),
@@ -151,6 +153,106 @@ TEST_F(DataParallel, PreparedLoaderShardsAndGatherForMetricsDropsThePadding) {
   }
   EXPECT_EQ(torch::cat(local).size(0), 5);  // this rank's half of the padded 10
   EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(torch::cat(seen))), torch::arange(9)));
+}
+
+// One backward with each compression, from the same weights and data: the
+// bytes sent halve, and the averaged gradients are fp32's within two roundings
+// to the wire dtype (the cast of g/2, the sum), elementwise relative to the
+// ranks' local gradients: 2^-10 for fp16 (plus its subnormal step), 2^-7 for bf16.
+TEST_F(DataParallel, CompressedAllReduceHalvesTheBytesWithinRounding) {
+  const int64_t rank = accelerator.process_index();
+  auto group = mixprec::dist::ProcessGroup::from_environment();
+  // 268k parameters: more than the Reducer's 1 MB first bucket, so two buckets.
+  auto make_wide_net = [] {
+    torch::manual_seed(0);
+    return torch::nn::Sequential(torch::nn::Linear(6, 512), torch::nn::Tanh(),
+                                 torch::nn::Linear(512, 512), torch::nn::Tanh(),
+                                 torch::nn::Linear(512, 3));
+  };
+  torch::manual_seed(10 + rank);  // different data on each rank
+  const auto x = torch::randn({8, 6});
+  const auto y = torch::randint(0, 3, {8});
+  struct Result {
+    at::Tensor grad;
+    int64_t bytes;
+  };
+  auto backward_with = [&](GradientCompression compression) {
+    auto net = make_wide_net();
+    mixprec::dist::GradientReducer reducer(net->parameters(), group, {.compression = compression});
+    reducer.prepare_for_backward();
+    torch::nn::functional::cross_entropy(net->forward(x), y).backward();
+    std::vector<at::Tensor> grads;
+    for (const auto& p : net->parameters()) grads.push_back(p.grad().reshape(-1));
+    return Result{torch::cat(grads), reducer.bytes_all_reduced()};
+  };
+  auto local_net = make_wide_net();  // each rank's own gradient, not reduced
+  torch::nn::functional::cross_entropy(local_net->forward(x), y).backward();
+  std::vector<at::Tensor> local_grads;
+  for (const auto& p : local_net->parameters()) local_grads.push_back(p.grad().reshape(-1));
+  const auto local = accelerator.gather(torch::cat(local_grads).unsqueeze(0));  // (world, P)
+  const auto scale = local.abs().mean(0);                                       // (|g0| + |g1|) / 2
+
+  const auto fp32 = backward_with(GradientCompression::kNone);
+  const int64_t numel = fp32.grad.numel();
+  EXPECT_EQ(fp32.bytes, 4 * numel);
+  expect_same_on_every_rank(accelerator, fp32.grad);
+  EXPECT_TRUE(torch::allclose(fp32.grad, local.mean(0), 1e-6, 1e-9));
+  struct Case {
+    GradientCompression compression;
+    at::ScalarType wire;
+    double rtol, atol;
+  };
+  for (const auto& [compression, wire, rtol, atol] :
+       {Case{GradientCompression::kFp16, at::kHalf, 0x1p-10, 0x1p-24},
+        Case{GradientCompression::kBf16, at::kBFloat16, 0x1p-7, 0.0}}) {
+    const auto compressed = backward_with(compression);
+    SCOPED_TRACE(c10::toString(wire));
+    EXPECT_EQ(compressed.bytes, 2 * numel);  // half of fp32's
+    expect_same_on_every_rank(accelerator, compressed.grad);
+    const auto error = (compressed.grad - fp32.grad).abs();
+    EXPECT_TRUE((error <= rtol * scale + atol).all().item<bool>())
+        << "worst excess " << (error - rtol * scale - atol).max().item<double>();
+    // The sum travelled in the wire dtype: every value is one of its values, not fp32's.
+    EXPECT_TRUE(torch::equal(compressed.grad.to(wire).to(at::kFloat), compressed.grad));
+    EXPECT_FALSE(torch::equal(compressed.grad, fp32.grad));
+  }
+}
+
+// 30 SGD steps from the same weights on the same per-rank data, through the
+// Accelerator: the mean loss over the ranks with fp16 or bf16 compression stays
+// within a relative 2e-4 (fp16) or 2e-3 (bf16) of the fp32 all-reduce's at
+// every step (seen: at most 1.9e-5 and 2.1e-4), yet is not the same curve.
+TEST_F(DataParallel, CompressedLossCurveFollowsFp32) {
+  const int64_t rank = accelerator.process_index();
+  torch::manual_seed(20 + rank);
+  const auto x = torch::randn({4, 16, 6});    // (batches, B, features), this rank's
+  const auto y = x.slice(2, 0, 3).argmax(2);  // a class to learn: the largest of 3 features
+  auto curve = [&](GradientCompression compression) {
+    Accelerator dp({.ddp = {.compression = compression}});
+    torch::manual_seed(0);
+    auto net = make_net();
+    torch::optim::SGD sgd(net->parameters(), 0.2);
+    auto [model, optimizer] = dp.prepare(net, sgd);
+    std::vector<double> losses;
+    for (int step = 0; step < 30; ++step) {
+      auto loss = torch::nn::functional::cross_entropy(model(x[step % 4]), y[step % 4]);
+      dp.backward(loss);
+      optimizer.step();
+      optimizer.zero_grad();
+      losses.push_back(dp.reduce(loss.detach(), "mean").item<double>());
+    }
+    expect_same_on_every_rank(dp, flat_params(*net));
+    return losses;
+  };
+  const auto fp32 = curve(GradientCompression::kNone);
+  EXPECT_LT(fp32.back(), 0.8 * fp32.front());  // it learns
+  for (const auto& [compression, rtol] :
+       {std::pair{GradientCompression::kFp16, 2e-4}, std::pair{GradientCompression::kBf16, 2e-3}}) {
+    const auto compressed = curve(compression);
+    EXPECT_NE(compressed, fp32);
+    for (size_t i = 0; i < fp32.size(); ++i)
+      EXPECT_NEAR(compressed[i], fp32[i], rtol * fp32[i]) << "step " << i;
+  }
 }
 
 }  // namespace

@@ -41,8 +41,8 @@ struct AcceleratorOptions {
   /// false: each process gets batch_size samples, and the scheduler steps
   /// num_processes times per optimizer step, as in Accelerate.
   bool split_batches = false;
-  /// Data parallel (under torchrun): DDP's bucket size and fp16 gradient
-  /// compression.
+  /// Data parallel (under torchrun): DDP's bucket size and the dtype gradients
+  /// are all-reduced in (`{.compression = dist::GradientCompression::kBf16}`).
   dist::GradientReducerOptions ddp = {};
   /// Trackers for `log()`: "tensorboard", "jsonl" (Accelerate's log_with).
   std::vector<std::string> log_with = {};

@@ -55,11 +55,19 @@ class ProcessGroup {
   std::unique_ptr<Impl> impl_;
 };
 
+/// The dtype gradients travel in during the all-reduce. Compression halves
+/// the bytes sent; each rank divides by the world size before the sum (no
+/// overflow in fp16) and the averaged bucket comes back as fp32.
+enum class GradientCompression {
+  kNone,  ///< fp32, as DDP without a comm hook
+  kFp16,  ///< DDP's `fp16_compress_hook`
+  kBf16,  ///< DDP's `bf16_compress_hook`: fp32's range, 8 significant bits
+};
+
 /// Options of `GradientReducer`, with DDP's defaults.
 struct GradientReducerOptions {
   int64_t bucket_cap_mb = 25;
-  /// Send gradients as fp16 (DDP's FP16_COMPRESS comm hook).
-  bool fp16_compress = false;
+  GradientCompression compression = GradientCompression::kNone;
 };
 
 /// Python DDP's engine, c10d's `Reducer`, on a module's parameters: gradients
@@ -67,12 +75,21 @@ struct GradientReducerOptions {
 /// overlapping the rest of backward. A backward all-reduces only when
 /// `prepare_for_backward()` was called before it; otherwise gradients
 /// accumulate locally (DDP's no_sync).
+///
+///   dist::GradientReducer reducer(model->parameters(), group,
+///                                 {.compression = dist::GradientCompression::kBf16});
+///   reducer.prepare_for_backward();
+///   loss.backward();  // gradients averaged over the ranks, sent as bf16
 class GradientReducer {
  public:
   GradientReducer(std::vector<at::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
                   GradientReducerOptions options = {});
   ~GradientReducer();
   void prepare_for_backward();
+  /// Bytes this process has handed to all-reduce since it was made: the sum
+  /// of the buckets as sent (after compression); what Gloo's algorithm then
+  /// moves over the wire is a multiple of it.
+  int64_t bytes_all_reduced() const;
 
  private:
   struct Impl;
