@@ -152,9 +152,10 @@ def main_gpt2(args):
         peaks = saved.get("gemm_peaks", {})
         for r in saved["runs"]:
             runs.setdefault(gpt2_config_of(r), []).append(r)
+    levels = args.levels.split(",")
     for rep in range(0 if args.from_json else args.reps):
         for config in GPT2_CONFIGS:
-            if config in timed_out:
+            if config in timed_out or config[3] not in levels:
                 continue
             r = run_gpt2(config, size, args)
             if r is None:
@@ -229,11 +230,56 @@ def main_gpt2(args):
           f"{ratio(('mixprec', 'fp16', 'on', 'loop'), ('mixprec', 'fp32', None, 'loop'))}"
           f", fast path off {ratio(('mixprec', 'fp16', 'off', 'loop'), ('mixprec', 'fp32', None, 'loop'))}"
           f", PyTorch {ratio(('pytorch', 'fp16', None, 'loop'), ('pytorch', 'fp32', None, 'loop'))}.")
+    if args.plot:
+        plot_gpt2(args.plot, size, median)
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"workload": args.workload, "steps": args.steps, "reps": args.reps, "gemm_peaks": peaks,
                        "timed_out": sorted(timed_out, key=str), "runs": [r for rs in runs.values() for r in rs]},
                       f, indent=1)
+
+
+def plot_gpt2(path, size, median):
+    """Grouped bars of the medians, by precision: mixprec's three levels beside their Python twins
+    (gnuplot, installed by scripts/setup; its data and script are kept beside the PNG)."""
+    columns = [("mixprec", "loop", "mixprec loop"), ("pytorch", "loop", "PyTorch loop"),
+               ("mixprec", "accelerator", "mixprec Accelerator"), ("pytorch", "accelerator", "HF Accelerate"),
+               ("mixprec", "trainer", "mixprec Trainer"), ("pytorch", "trainer", "HF Trainer")]
+    rows = [("fp32", "fp32", None), ("bf16", "bf16", None), ("fp16 (fast path on)", "fp16", "on"),
+            ("fp16", "fp16", "off")]
+    base = os.path.splitext(path)[0]
+    with open(base + ".dat", "w") as f:
+        f.write("precision " + " ".join(f'"{title}"' for _, _, title in columns) + "\n")
+        for name, precision, fast_path in rows:
+            values = []
+            for impl, level, _ in columns:
+                if precision == "fp16" and (impl, level) == ("mixprec", "loop"):
+                    config = (impl, precision, fast_path or "off", level)
+                elif fast_path == "on":
+                    config = None  # only mixprec's loop runs with the fast path forced on
+                else:
+                    config = (impl, precision, None, level)
+                v = config and median(config)
+                values.append("NaN" if v is None else f"{v:.0f}")
+            f.write(f'"{name}" ' + " ".join(values) + "\n")
+    with open(base + ".gp", "w") as f:
+        f.write(f"""set terminal pngcairo size 1000,480 noenhanced
+set output '{path}'
+set title 'GPT-2 {size}: tokens/s (median), higher is better'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set key outside right top vertical
+set ylabel 'tokens/s'
+set yrange [0:*]
+set grid ytics
+plot for [i=2:{len(columns) + 1}] '{base}.dat' using i:xtic(1) title columnheader(i)
+""")
+    try:
+        subprocess.run(["gnuplot", base + ".gp"], check=True)
+        print(f"\nPlot: {path} (data {base}.dat, script {base}.gp)")
+    except (OSError, subprocess.CalledProcessError) as e:
+        print(f"\nNo plot ({e}); its data and script: {base}.dat, {base}.gp (apt-get install gnuplot-nox)")
 
 
 # (processes, compression) of the data-parallel workload.
@@ -302,6 +348,9 @@ def main():
     p.add_argument("--build", default=os.path.join(ROOT, "build"))
     p.add_argument("--data", default=os.path.join(ROOT, "data", "digits.csv"))
     p.add_argument("--json", help="also write every run here")
+    p.add_argument("--levels", default="loop,accelerator,trainer",
+                   help="GPT-2 workloads: which levels to run (comma-separated)")
+    p.add_argument("--plot", help="GPT-2 workloads: also draw the tokens/s medians into this PNG (gnuplot)")
     p.add_argument("--losses", default="dp_losses.jsonl", help="dp: the loss curves, one JSON line per step")
     p.add_argument("--from-json", help="GPT-2 workloads: print the tables of a file --json wrote, run nothing")
     args = p.parse_args()

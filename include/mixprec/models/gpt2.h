@@ -67,9 +67,6 @@ class GPT2MLPImpl : public torch::nn::Module {
   torch::Tensor forward(const torch::Tensor& x);  // (B, T, C) -> (B, T, C)
   Conv1D c_fc{nullptr}, c_proj{nullptr};
   torch::nn::Dropout dropout{nullptr};
-
- private:
-  std::string activation_;
 };
 TORCH_MODULE(GPT2MLP);
 
