@@ -83,6 +83,24 @@ void print_self_times(const std::function<void()>& f) {
   std::fprintf(stderr, "total of top-level events: %.1f ms\n", total);
 }
 
+// What the forward leaves allocated for the backward (activations autograd saved, autocast's
+// 16-bit weight copies, the loss), in MB: the net bytes of LibTorch's profiler's memory
+// events over one forward.
+double activation_mb(const std::function<torch::Tensor()>& forward) {
+  namespace prof = torch::autograd::profiler;
+  const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
+                                    /*report_input_shapes=*/false, /*profile_memory=*/true);
+  const std::set<prof::ActivityType> cpu{prof::ActivityType::CPU};
+  prof::prepareProfiler(config, cpu);
+  prof::enableProfiler(config, cpu);
+  const auto loss = forward();  // alive, with its graph, until the profiler stops
+  const auto result = prof::disableProfiler();
+  int64_t bytes = 0;
+  for (const auto& e : result->events())
+    if (e.name() == "[memory]") bytes += e.nBytes();
+  return static_cast<double>(bytes) / (1024.0 * 1024.0);
+}
+
 // The Trainer on the same batches, with HF's defaults where the loop has none
 // (clipping at 1, shuffling): the steps after `warmup` are timed by a
 // callback, as the Trainer's own runtime includes its setup and the warm-up.
@@ -171,13 +189,13 @@ int main(int argc, char** argv) {
   const bool autocast = precision != "fp32";
   const auto dtype = precision == "fp16" ? torch::kHalf : torch::kBFloat16;
 
-  std::function<torch::Tensor(int64_t)> step = [&](int64_t i) {
+  const auto forward = [&](int64_t i) {
     const auto ids = data[i % data.size(0)];
-    torch::Tensor loss;
-    {
-      mixprec::amp::Autocast guard(torch::kCPU, dtype, autocast);
-      loss = model->forward(ids, /*labels=*/ids).loss;
-    }
+    mixprec::amp::Autocast guard(torch::kCPU, dtype, autocast);
+    return model->forward(ids, /*labels=*/ids).loss;
+  };
+  std::function<torch::Tensor(int64_t)> step = [&](int64_t i) {
+    const auto loss = forward(i);
     scaler.scale(loss).backward();
     scaler.step(optimizer);
     scaler.update();
@@ -208,15 +226,17 @@ int main(int argc, char** argv) {
                                    ? time_trainer(model, data, precision, warmup, steps)
                                    : time_steps(step, warmup, steps);
   rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
+  getrusage(RUSAGE_SELF, &usage);  // before activation_mb's extra forward
+  const double activations = level == "loop" ? activation_mb([&] { return forward(0); }) : 0.0;
   std::printf(
       "{\"impl\": \"mixprec\", \"level\": \"%s\", \"size\": \"%s\", \"precision\": \"%s\", "
       "\"fast_path\": \"%s\", "
       "\"fast_path_active\": %s, \"fast_path_calls\": %lld, \"tokens_per_s\": %.1f, "
-      "\"final_loss\": %.6f, \"peak_rss_mb\": %.1f}\n",
+      "\"final_loss\": %.6f, \"peak_rss_mb\": %.1f, \"activation_mb\": %.1f}\n",
       level.c_str(), size.c_str(), precision.c_str(), fast_path.c_str(),
       mixprec::amp::fp16_cpu_fast_path_active() ? "true" : "false",
       static_cast<long long>(mixprec::amp::fp16_cpu_fast_path_calls() - calls_before),
-      static_cast<double>(steps * batch * seq) / seconds, final_loss, usage.ru_maxrss / 1024.0);
+      static_cast<double>(steps * batch * seq) / seconds, final_loss, usage.ru_maxrss / 1024.0,
+      activations);
   return 0;
 }

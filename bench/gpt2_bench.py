@@ -41,6 +41,14 @@ def time_trainer(model, data, a):
     return result.training_loss, time.perf_counter() - Clock.start
 
 
+def activation_mb(forward):
+    """What the forward leaves allocated for the backward, in MB: the net bytes of the
+    profiler's memory events over one forward (as gpt2_bench.cpp measures it)."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], profile_memory=True) as prof:
+        loss = forward()  # noqa: F841 (alive, with its graph, until the profiler stops)
+    return sum(e.nbytes() for e in prof.profiler.kineto_results.events() if e.name() == "[memory]") / 2**20
+
+
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--size", choices=["small", "large"], default="small")
@@ -65,10 +73,13 @@ def main():
     scaler = torch.amp.GradScaler("cpu", enabled=a.precision == "fp16")
     dtype = torch.float16 if a.precision == "fp16" else torch.bfloat16
 
-    def step(i):
+    def forward(i):
         ids = data[i % data.shape[0]]
         with torch.autocast("cpu", dtype=dtype, enabled=a.precision != "fp32"):
-            loss = model(input_ids=ids, labels=ids).loss
+            return model(input_ids=ids, labels=ids).loss
+
+    def step(i):
+        loss = forward(i)
         scaler.scale(loss).backward()
         scaler.step(optimizer)
         scaler.update()
@@ -95,10 +106,11 @@ def main():
         for i in range(a.warmup):
             step(i)
         final_loss, seconds = time_steps(step, a.warmup, a.steps)
+    peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the extra forward
     print(json.dumps({"impl": "pytorch", "level": a.level, "size": a.size, "precision": a.precision,
                       "tokens_per_s": round(a.steps * batch * seq / seconds, 1),
-                      "final_loss": round(final_loss, 6),
-                      "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}))
+                      "final_loss": round(final_loss, 6), "peak_rss_mb": round(peak_rss_mb, 1),
+                      "activation_mb": round(activation_mb(lambda: forward(0)), 1) if a.level == "loop" else 0}))
 
 
 if __name__ == "__main__":

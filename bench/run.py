@@ -169,10 +169,11 @@ def main_gpt2(args):
     def median(config, key="tokens_per_s", pick=statistics.median):
         if config in timed_out or config not in runs:
             return None
-        return pick(r[key] for r in runs[config])
+        values = [r[key] for r in runs[config] if key in r]  # older files lack activation_mb
+        return pick(values) if values else None
 
-    def cell(v, fmt="{:.0f}"):
-        return f"timed out (> {args.timeout:.0f} s)" if v is None else fmt.format(v)
+    def cell(v, fmt="{:.0f}"):  # None: not run, or timed out (listed after the tables)
+        return "-" if v is None else fmt.format(v)
 
     import torch
     shape = {"small": "2 layers x 128, 4 heads, T 128", "large": "6 layers x 512, 8 heads, T 256"}[size]
@@ -187,8 +188,8 @@ def main_gpt2(args):
         return "-" if v is None or dtype not in peak else f"{100 * v * flops_per_token(size) / 1e9 / peak[dtype]:.0f}%"
 
     print("| precision | mixprec tokens/s | PyTorch tokens/s | mixprec / PyTorch | best run: mixprec / PyTorch "
-          "| peak RSS MB: mixprec / PyTorch | MFU: mixprec / PyTorch |")
-    print("|---|---|---|---|---|---|---|")
+          "| peak RSS MB: mixprec / PyTorch | activations MB: mixprec / PyTorch | MFU: mixprec / PyTorch |")
+    print("|---|---|---|---|---|---|---|---|")
     rows = [("fp32", ("mixprec", "fp32", None, "loop"), ("pytorch", "fp32", None, "loop")),
             ("bf16", ("mixprec", "bf16", None, "loop"), ("pytorch", "bf16", None, "loop")),
             ("fp16 + GradScaler, mixprec fast path on", ("mixprec", "fp16", "on", "loop"),
@@ -200,7 +201,9 @@ def main_gpt2(args):
         ratio = "-" if mv is None or tv is None else f"{mv / tv:.2f}x"
         print(f"| {name} | {cell(mv)} | {cell(tv)} | {ratio} | {cell(median(m, pick=max))} / "
               f"{cell(median(t, pick=max))} | {cell(median(m, 'peak_rss_mb'))} / {cell(median(t, 'peak_rss_mb'))} "
-              f"| {mfu(m)} / {mfu(t)} |")
+              f"| {cell(median(m, 'activation_mb'))} / {cell(median(t, 'activation_mb'))} | {mfu(m)} / {mfu(t)} |")
+    print("\nActivations: what one forward leaves allocated for the backward (saved tensors, autocast's 16-bit "
+          "weight copies), from the profiler's memory events; peak RSS: the whole process (ru_maxrss).")
     print(f"\nMFU = tokens/s x {flops_per_token(size) / 1e6:.1f} MFLOP/token (6 x matmul parameters + 12 L T d) / "
           "the GEMM peak measured in this run (mm 1024^3, median): "
           + ", ".join(f"{k} {v:.0f} GFLOP/s" for k, v in peak.items()) + ".")
@@ -230,6 +233,9 @@ def main_gpt2(args):
           f"{ratio(('mixprec', 'fp16', 'on', 'loop'), ('mixprec', 'fp32', None, 'loop'))}"
           f", fast path off {ratio(('mixprec', 'fp16', 'off', 'loop'), ('mixprec', 'fp32', None, 'loop'))}"
           f", PyTorch {ratio(('pytorch', 'fp16', None, 'loop'), ('pytorch', 'fp32', None, 'loop'))}.")
+    if timed_out:
+        print(f"\nTimed out (> {args.timeout:.0f} s), shown as -: "
+              + ", ".join(" ".join(str(c) for c in config if c) for config in sorted(timed_out, key=str)) + ".")
     if args.plot:
         plot_gpt2(args.plot, size, median)
     if args.json:
@@ -248,20 +254,22 @@ def plot_gpt2(path, size, median):
     rows = [("fp32", "fp32", None), ("bf16", "bf16", None), ("fp16 (fast path on)", "fp16", "on"),
             ("fp16", "fp16", "off")]
     base = os.path.splitext(path)[0]
+
+    def value(impl, level, precision, fast_path):
+        if precision == "fp16" and (impl, level) == ("mixprec", "loop"):
+            return median((impl, precision, fast_path or "off", level))
+        if fast_path == "on":
+            return None  # only mixprec's loop runs with the fast path forced on
+        return median((impl, precision, None, level))
+
+    table = [[value(impl, level, precision, fast_path) for impl, level, _ in columns]
+             for _, precision, fast_path in rows]
+    keep = [i for i in range(len(columns)) if any(row[i] is not None for row in table)]  # gnuplot
+    columns = [columns[i] for i in keep]  # rejects a column without points
     with open(base + ".dat", "w") as f:
         f.write("precision " + " ".join(f'"{title}"' for _, _, title in columns) + "\n")
-        for name, precision, fast_path in rows:
-            values = []
-            for impl, level, _ in columns:
-                if precision == "fp16" and (impl, level) == ("mixprec", "loop"):
-                    config = (impl, precision, fast_path or "off", level)
-                elif fast_path == "on":
-                    config = None  # only mixprec's loop runs with the fast path forced on
-                else:
-                    config = (impl, precision, None, level)
-                v = config and median(config)
-                values.append("NaN" if v is None else f"{v:.0f}")
-            f.write(f'"{name}" ' + " ".join(values) + "\n")
+        for (name, _, _), row in zip(rows, table):
+            f.write(f'"{name}" ' + " ".join("NaN" if row[i] is None else f"{row[i]:.0f}" for i in keep) + "\n")
     with open(base + ".gp", "w") as f:
         f.write(f"""set terminal pngcairo size 1000,480 noenhanced
 set output '{path}'
