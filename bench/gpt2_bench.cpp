@@ -35,8 +35,28 @@
 
 namespace {
 
+// The part of a training step an op's self time counts toward.
+std::string part_of(const std::string& op) {
+  const auto is = [&](std::initializer_list<const char*> names) {
+    return std::any_of(names.begin(), names.end(), [&](const char* n) { return op == n; });
+  };
+  const auto has = [&](const char* s) { return op.find(s) != std::string::npos; };
+  if (is({"aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm"})) return "GEMMs";
+  if (has("attention")) return "attention";
+  if (is({"aten::copy_", "aten::_to_copy", "aten::to", "aten::cat", "aten::clone"}))
+    return "casts and copies";
+  if (has("softmax") || has("nll_loss") ||
+      is({"aten::exp", "aten::gather", "aten::scatter_add_", "aten::full"}))
+    return "loss (log-softmax, cross-entropy)";
+  if (has("gelu")) return "GELU";
+  if (has("layer_norm")) return "LayerNorm";
+  if (has("adam") || has("_foreach") || has("_amp_")) return "optimizer and scaler";
+  return "other (residual adds, bias sums, fills, embeddings, dispatch)";
+}
+
 // Runs f under LibTorch's profiler and prints each op's self time (its time
-// minus that of the ops it called), largest first, to stderr.
+// minus that of the ops it called), largest first, and their sums by part of
+// the step, to stderr.
 void print_self_times(const std::function<void()>& f) {
   namespace prof = torch::autograd::profiler;
   const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
@@ -81,6 +101,14 @@ void print_self_times(const std::function<void()>& f) {
       std::fprintf(stderr, "| %s | %.1f | %.1f%% | %lld |\n", name.c_str(), v.first,
                    100 * v.first / total, static_cast<long long>(v.second));
   std::fprintf(stderr, "total of top-level events: %.1f ms\n", total);
+  std::map<std::string, double> parts;
+  for (const auto& [name, v] : rows) parts[part_of(name)] += v.first;
+  std::vector<std::pair<std::string, double>> by_part(parts.begin(), parts.end());
+  std::sort(by_part.begin(), by_part.end(),
+            [](const auto& a, const auto& b) { return a.second > b.second; });
+  std::fprintf(stderr, "\n| part of the step | self ms | share |\n|---|---|---|\n");
+  for (const auto& [part, ms] : by_part)
+    std::fprintf(stderr, "| %s | %.1f | %.1f%% |\n", part.c_str(), ms, 100 * ms / total);
 }
 
 // What the forward leaves allocated for the backward (activations autograd saved, autocast's

@@ -248,9 +248,10 @@ def main_gpt2(args):
 def plot_gpt2(path, size, median):
     """Grouped bars of the medians, by precision: mixprec's three levels beside their Python twins
     (gnuplot, installed by scripts/setup; its data and script are kept beside the PNG)."""
-    columns = [("mixprec", "loop", "mixprec loop"), ("pytorch", "loop", "PyTorch loop"),
-               ("mixprec", "accelerator", "mixprec Accelerator"), ("pytorch", "accelerator", "HF Accelerate"),
-               ("mixprec", "trainer", "mixprec Trainer"), ("pytorch", "trainer", "HF Trainer")]
+    columns = [("mixprec", "loop", "mixprec loop", "#1f4e9c"), ("pytorch", "loop", "PyTorch loop", "#b34d00"),
+               ("mixprec", "accelerator", "mixprec Accelerator", "#4f81d4"),
+               ("pytorch", "accelerator", "HF Accelerate", "#e6862e"),
+               ("mixprec", "trainer", "mixprec Trainer", "#9bbcf0"), ("pytorch", "trainer", "HF Trainer", "#f5c08a")]
     rows = [("fp32", "fp32", None), ("bf16", "bf16", None), ("fp16 (fast path on)", "fp16", "on"),
             ("fp16", "fp16", "off")]
     base = os.path.splitext(path)[0]
@@ -262,12 +263,12 @@ def plot_gpt2(path, size, median):
             return None  # only mixprec's loop runs with the fast path forced on
         return median((impl, precision, None, level))
 
-    table = [[value(impl, level, precision, fast_path) for impl, level, _ in columns]
+    table = [[value(impl, level, precision, fast_path) for impl, level, _, _ in columns]
              for _, precision, fast_path in rows]
     keep = [i for i in range(len(columns)) if any(row[i] is not None for row in table)]  # gnuplot
     columns = [columns[i] for i in keep]  # rejects a column without points
     with open(base + ".dat", "w") as f:
-        f.write("precision " + " ".join(f'"{title}"' for _, _, title in columns) + "\n")
+        f.write("precision " + " ".join(f'"{title}"' for _, _, title, _ in columns) + "\n")
         for (name, _, _), row in zip(rows, table):
             f.write(f'"{name}" ' + " ".join("NaN" if row[i] is None else f"{row[i]:.0f}" for i in keep) + "\n")
     with open(base + ".gp", "w") as f:
@@ -281,7 +282,8 @@ set key outside right top vertical
 set ylabel 'tokens/s'
 set yrange [0:*]
 set grid ytics
-plot for [i=2:{len(columns) + 1}] '{base}.dat' using i:xtic(1) title columnheader(i)
+colors = "{' '.join(color for *_, color in columns)}"
+plot for [i=2:{len(columns) + 1}] '{base}.dat' using i:xtic(1) title columnheader(i) lc rgb word(colors, i-1)
 """)
     try:
         subprocess.run(["gnuplot", base + ".gp"], check=True)

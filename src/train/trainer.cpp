@@ -16,10 +16,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <mutex>
 #include <regex>
 
-#include <malloc.h>
 #include <signal.h>
 
 namespace mixprec::train {
@@ -28,24 +26,6 @@ namespace fs = std::filesystem;
 using json = nlohmann::json;
 
 namespace {
-
-// glibc hands the freed activations of each step back to the OS and maps them
-// again on the next one (page faults cost the Trainer ~25% of a small GPT-2
-// step here). Keeping up to 1 GiB of freed memory and serving blocks up to
-// 32 MiB from the heap lets each step reuse the last one's memory, as
-// PyTorch's caching allocators do on accelerators; peak RSS stays the same.
-// Left alone when the user tunes malloc through the environment.
-void keep_freed_memory_for_reuse() {
-#ifdef __GLIBC__
-  static std::once_flag once;
-  std::call_once(once, [] {
-    for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
-      if (std::getenv(name) != nullptr) return;
-    mallopt(M_MMAP_THRESHOLD, 32 << 20);  // glibc's maximum on 64-bit
-    mallopt(M_TRIM_THRESHOLD, 1 << 30);
-  });
-#endif
-}
 
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
@@ -241,7 +221,6 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
           "); pass resume_from_checkpoint to continue, or overwrite_output_dir to start over");
   }
   accelerate::set_seed(static_cast<uint64_t>(args_.seed));
-  keep_freed_memory_for_reuse();
 
   data::DataLoader loader(impl.train_dataset,
                           {.batch_size = static_cast<size_t>(args_.per_device_train_batch_size),

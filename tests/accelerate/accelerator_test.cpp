@@ -6,9 +6,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
+
+#ifdef __GLIBC__
+#include <malloc.h>
+#endif
 
 namespace {
 
@@ -48,6 +53,25 @@ TEST(Accelerator, PreparedModelRunsUnderAutocastAndReturnsFp32) {
     EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));  // restored after forward
     EXPECT_EQ(accelerator.unwrap_model(model).get(), probe.get());
   }
+}
+
+// A step's freed activations stay in the heap for the next step: glibc must not serve a
+// 24 MiB block by mmap (and unmap it on free), as it does by default (threshold 128 KiB).
+TEST(Accelerator, KeepsFreedMemoryForReuseOnCpu) {
+#ifdef __GLIBC__
+  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
+    if (std::getenv(name) != nullptr)
+      GTEST_SKIP() << name << " is set: the Accelerator leaves malloc alone";
+  mixprec::Accelerator accelerator({.cpu = true});
+  const auto mapped = mallinfo2().hblkhd;
+  char* volatile block = static_cast<char*>(std::malloc(24 << 20));  // volatile: not elided
+  block[0] = 1;
+  const auto mapped_with_block = mallinfo2().hblkhd;
+  std::free(block);
+  EXPECT_EQ(mapped_with_block, mapped) << "the block was mmapped";
+#else
+  GTEST_SKIP() << "glibc only";
+#endif
 }
 
 TEST(Accelerator, AutocastGuardFollowsMixedPrecision) {

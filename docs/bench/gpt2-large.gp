@@ -1,0 +1,11 @@
+set terminal pngcairo size 1000,480 noenhanced
+set output 'docs/bench/gpt2-large.png'
+set title 'GPT-2 large: tokens/s (median), higher is better'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set key outside right top vertical
+set ylabel 'tokens/s'
+set yrange [0:*]
+set grid ytics
+plot for [i=2:7] 'docs/bench/gpt2-large.dat' using i:xtic(1) title columnheader(i)
