@@ -90,6 +90,11 @@ GPT2_CONFIGS = [
 ]
 
 
+# glibc settings that keep freed memory for reuse (what mixprec's Accelerator and Trainer set with
+# mallopt); --malloc-reuse gives them to every GPT-2 run, C++ and Python alike.
+MALLOC_REUSE = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+
+
 def gemm_peaks(reps=5, n=1024):
     """GFLOP/s of a 1024^3 mm per dtype on this machine now (median of reps), 2 threads: the
     MFU denominator, measured in the same run as the tokens/s."""
@@ -125,7 +130,8 @@ def run_gpt2(config, size, args):
     else:
         cmd = [sys.executable, os.path.join(ROOT, "bench", "gpt2_bench.py")] + flags
     try:
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=args.timeout).stdout
+        out = subprocess.run(cmd, check=True, capture_output=True, text=True, timeout=args.timeout,
+                             env=dict(os.environ, **MALLOC_REUSE) if args.malloc_reuse else None).stdout
     except subprocess.TimeoutExpired:
         return None
     r = json.loads(out.strip().splitlines()[-1])
@@ -148,6 +154,7 @@ def main_gpt2(args):
         with open(args.from_json) as f:
             saved = json.load(f)
         args.steps, args.reps = saved["steps"], saved["reps"]
+        args.malloc_reuse = saved.get("malloc_reuse", False)
         timed_out = {tuple(c) for c in saved["timed_out"]}
         peaks = saved.get("gemm_peaks", {})
         for r in saved["runs"]:
@@ -179,7 +186,9 @@ def main_gpt2(args):
     shape = {"small": "2 layers x 128, 4 heads, T 128", "large": "6 layers x 512, 8 heads, T 256"}[size]
     print(f"GPT-2 {size} ({shape}, B 8, V 4096), level-1 loop, fused AdamW, {args.steps} timed steps after 2 "
           f"warm-up, median of {args.reps} interleaved runs; {platform.processor() or platform.machine()}, "
-          f"torch {torch.__version__}, 2 threads.\n")
+          f"torch {torch.__version__}, 2 threads"
+          + ("; every process with " + " ".join(f"{k}={v}" for k, v in MALLOC_REUSE.items()) if args.malloc_reuse
+             else "") + ".\n")
     peak = {dtype: statistics.median(v) for dtype, v in peaks.items()}
 
     def mfu(config):  # against the GEMM peak of the dtype the matmuls ran in
@@ -237,15 +246,16 @@ def main_gpt2(args):
         print(f"\nTimed out (> {args.timeout:.0f} s), shown as -: "
               + ", ".join(" ".join(str(c) for c in config if c) for config in sorted(timed_out, key=str)) + ".")
     if args.plot:
-        plot_gpt2(args.plot, size, median)
+        plot_gpt2(args.plot, size, median, ", every process with malloc reuse" if args.malloc_reuse else "")
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"workload": args.workload, "steps": args.steps, "reps": args.reps, "gemm_peaks": peaks,
+                       "malloc_reuse": args.malloc_reuse,
                        "timed_out": sorted(timed_out, key=str), "runs": [r for rs in runs.values() for r in rs]},
                       f, indent=1)
 
 
-def plot_gpt2(path, size, median):
+def plot_gpt2(path, size, median, note=""):
     """Grouped bars of the medians, by precision: mixprec's three levels beside their Python twins
     (gnuplot, installed by scripts/setup; its data and script are kept beside the PNG)."""
     columns = [("mixprec", "loop", "mixprec loop", "#1f4e9c"), ("pytorch", "loop", "PyTorch loop", "#b34d00"),
@@ -274,7 +284,7 @@ def plot_gpt2(path, size, median):
     with open(base + ".gp", "w") as f:
         f.write(f"""set terminal pngcairo size 1000,480 noenhanced
 set output '{path}'
-set title 'GPT-2 {size}: tokens/s (median), higher is better'
+set title 'GPT-2 {size}: tokens/s (median{note}), higher is better'
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1
@@ -360,6 +370,9 @@ def main():
     p.add_argument("--json", help="also write every run here")
     p.add_argument("--levels", default="loop,accelerator,trainer",
                    help="GPT-2 workloads: which levels to run (comma-separated)")
+    p.add_argument("--malloc-reuse", action="store_true",
+                   help="GPT-2 workloads: run every process (C++ and Python) with glibc keeping freed memory "
+                        "for reuse, as mixprec's Accelerator and Trainer do by themselves")
     p.add_argument("--plot", help="GPT-2 workloads: also draw the tokens/s medians into this PNG (gnuplot)")
     p.add_argument("--losses", default="dp_losses.jsonl", help="dp: the loss curves, one JSON line per step")
     p.add_argument("--from-json", help="GPT-2 workloads: print the tables of a file --json wrote, run nothing")
@@ -388,7 +401,9 @@ def main():
     import torch
     print(f"Level-1 loop and Accelerator loop, digits MLP (64-256-256-10, batch 64), {args.steps} timed steps after 30 "
           f"warm-up, median of {args.reps} interleaved runs; {platform.processor() or platform.machine()}, "
-          f"torch {torch.__version__}, 2 threads.\n")
+          f"torch {torch.__version__}, 2 threads"
+          + ("; every process with " + " ".join(f"{k}={v}" for k, v in MALLOC_REUSE.items()) if args.malloc_reuse
+             else "") + ".\n")
     print("| precision | loop: mixprec | PyTorch | ratio | Accelerator: mixprec | Accelerate | ratio "
           "| Accelerator overhead (mixprec) | final loss: loop / Accelerator / Accelerate |")
     print("|---|---|---|---|---|---|---|---|---|")

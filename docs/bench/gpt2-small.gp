@@ -8,4 +8,5 @@ set key outside right top vertical
 set ylabel 'tokens/s'
 set yrange [0:*]
 set grid ytics
-plot for [i=2:7] 'docs/bench/gpt2-small.dat' using i:xtic(1) title columnheader(i)
+colors = "#1f4e9c #b34d00 #4f81d4 #e6862e #9bbcf0 #f5c08a"
+plot for [i=2:7] 'docs/bench/gpt2-small.dat' using i:xtic(1) title columnheader(i) lc rgb word(colors, i-1)

@@ -29,12 +29,11 @@ void detail::Shared::unscale(torch::optim::Optimizer& optimizer, OptimizerFlags&
 
 namespace {
 
-// glibc hands the freed activations of each step back to the OS and maps them
-// again on the next one (page faults cost ~25% of a small GPT-2 step
-// here, and made the step time bimodal). Keeping up to 1 GiB of freed memory and serving blocks up
-// to 32 MiB from the heap lets each step reuse the last one's memory, as PyTorch's caching
-// allocators do on accelerators; peak RSS stays the same. Left alone when the user tunes malloc
-// through the environment.
+// glibc hands the freed activations of each step back to the OS and maps them again on the
+// next one (page faults cost ~25% of a small GPT-2 step here, and made its time bimodal).
+// Keeping up to 1 GiB of freed memory and serving blocks up to 32 MiB from the heap lets each
+// step reuse the last one's memory, as PyTorch's caching allocators do on accelerators; peak RSS
+// stays the same. Left alone when the user tunes malloc through the environment.
 void keep_freed_memory_for_reuse() {
 #ifdef __GLIBC__
   static std::once_flag once;

@@ -1,0 +1,12 @@
+set terminal pngcairo size 1000,480 noenhanced
+set output 'docs/bench/gpt2-small-malloc-reuse.png'
+set title 'GPT-2 small: tokens/s (median, every process with malloc reuse), higher is better'
+set style data histograms
+set style histogram clustered gap 1
+set style fill solid 0.85 border -1
+set key outside right top vertical
+set ylabel 'tokens/s'
+set yrange [0:*]
+set grid ytics
+colors = "#1f4e9c #b34d00 #4f81d4 #e6862e #9bbcf0 #f5c08a"
+plot for [i=2:7] 'docs/bench/gpt2-small-malloc-reuse.dat' using i:xtic(1) title columnheader(i) lc rgb word(colors, i-1)
