@@ -54,17 +54,25 @@ std::string part_of(const std::string& op) {
   return "other (residual adds, bias sums, fills, embeddings, dispatch)";
 }
 
-// Runs f under LibTorch's profiler and prints each op's self time (its time
-// minus that of the ops it called), largest first, and their sums by part of
-// the step, to stderr.
-void print_self_times(const std::function<void()>& f) {
-  namespace prof = torch::autograd::profiler;
-  const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO);
+namespace prof = torch::autograd::profiler;
+
+// Runs f under LibTorch's profiler (CPU events; memory events too if asked).
+std::unique_ptr<prof::ProfilerResult> profiled(const std::function<void()>& f,
+                                               bool memory = false) {
+  const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
+                                    /*report_input_shapes=*/false, /*profile_memory=*/memory);
   const std::set<prof::ActivityType> cpu{prof::ActivityType::CPU};
   prof::prepareProfiler(config, cpu);
   prof::enableProfiler(config, cpu);
   f();
-  const auto result = prof::disableProfiler();
+  return prof::disableProfiler();
+}
+
+// Runs f under LibTorch's profiler and prints each op's self time (its time
+// minus that of the ops it called), largest first, and their sums by part of
+// the step, to stderr.
+void print_self_times(const std::function<void()>& f) {
+  const auto result = profiled(f);
   std::map<uint64_t, std::vector<const prof::KinetoEvent*>> by_thread;
   for (const auto& e : result->events()) by_thread[e.startThreadId()].push_back(&e);
   std::map<std::string, std::pair<double, int64_t>> self;  // name -> (ms, calls)
@@ -115,14 +123,8 @@ void print_self_times(const std::function<void()>& f) {
 // 16-bit weight copies, the loss), in MB: the net bytes of LibTorch's profiler's memory
 // events over one forward.
 double activation_mb(const std::function<torch::Tensor()>& forward) {
-  namespace prof = torch::autograd::profiler;
-  const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
-                                    /*report_input_shapes=*/false, /*profile_memory=*/true);
-  const std::set<prof::ActivityType> cpu{prof::ActivityType::CPU};
-  prof::prepareProfiler(config, cpu);
-  prof::enableProfiler(config, cpu);
-  const auto loss = forward();  // alive, with its graph, until the profiler stops
-  const auto result = prof::disableProfiler();
+  torch::Tensor loss;  // alive, with its graph, until the profiler stops
+  const auto result = profiled([&] { loss = forward(); }, /*memory=*/true);
   int64_t bytes = 0;
   for (const auto& e : result->events())
     if (e.name() == "[memory]") bytes += e.nBytes();

@@ -401,9 +401,7 @@ def main():
     import torch
     print(f"Level-1 loop and Accelerator loop, digits MLP (64-256-256-10, batch 64), {args.steps} timed steps after 30 "
           f"warm-up, median of {args.reps} interleaved runs; {platform.processor() or platform.machine()}, "
-          f"torch {torch.__version__}, 2 threads"
-          + ("; every process with " + " ".join(f"{k}={v}" for k, v in MALLOC_REUSE.items()) if args.malloc_reuse
-             else "") + ".\n")
+          f"torch {torch.__version__}, 2 threads.\n")
     print("| precision | loop: mixprec | PyTorch | ratio | Accelerator: mixprec | Accelerate | ratio "
           "| Accelerator overhead (mixprec) | final loss: loop / Accelerator / Accelerate |")
     print("|---|---|---|---|---|---|---|---|---|")
