@@ -1,10 +1,12 @@
-// Times the level-1 loop (examples/amp_loop.cpp) or the same loop through the
-// Accelerator (--loop accelerator) for bench/run.py: one configuration per
-// run, one JSON line on stdout. Its Python twin is bench/amp_loop_bench.py;
-// keep the two doing the same work.
+// Times the level-1 loop (examples/amp_loop.cpp), the same loop through the
+// Accelerator (--loop accelerator) or the Trainer on the same data (--loop trainer, HF's
+// defaults where the loop has none: clipping at 1, shuffling, no weight decay) for
+// bench/run.py: one configuration per run, one JSON line on stdout. Its Python twin is
+// bench/amp_loop_bench.py; keep the two doing the same work.
 #include <mixprec/accelerate/accelerator.h>
 #include <mixprec/amp/autocast.h>
 #include <mixprec/amp/grad_scaler.h>
+#include <mixprec/data/dataset.h>
 #include <mixprec/optim/adamw.h>
 
 #include "digits.h"
@@ -25,7 +27,7 @@ int main(int argc, char** argv) {
   app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   app.add_option("--optimizer", optimizer_kind)->check(CLI::IsMember({"fused", "unfused"}));
   app.add_flag("--scaler", scaler_on, "use a GradScaler (fp16; always on with the accelerator)");
-  app.add_option("--loop", loop)->check(CLI::IsMember({"plain", "accelerator"}));
+  app.add_option("--loop", loop)->check(CLI::IsMember({"plain", "accelerator", "trainer"}));
   app.add_option("--data", data);
   app.add_option("--steps", steps)->check(CLI::PositiveNumber);
   app.add_option("--warmup", warmup)->check(CLI::NonNegativeNumber);
@@ -75,8 +77,30 @@ int main(int argc, char** argv) {
       optimizer.zero_grad();
       return loss;
     };
-  for (int i = 0; i < warmup; ++i) step(i);
-  const auto [final_loss, seconds] = time_steps(step, warmup, steps);
+  TimedSteps timed;
+  if (loop == "trainer") {
+    mixprec::TrainingArguments args;
+    args.fp16 = precision == "fp16";
+    args.bf16 = precision == "bf16";
+    args.optim = optimizer_kind == "fused" ? "adamw_torch_fused" : "adamw_torch";
+    args.per_device_train_batch_size = batch_size;
+    args.dataloader_drop_last = true;  // full batches only, as the loops take
+    args.learning_rate = 3e-3;
+    args.lr_scheduler_type = "constant";
+    auto dataset = std::make_shared<mixprec::data::TensorDataset>(std::map<std::string, at::Tensor>{
+        {"pixels", train_set.images}, {"labels", train_set.labels}});
+    auto forward = [model](const mixprec::data::Batch& b) mutable {
+      mixprec::models::ModelOutput out;
+      out.logits = model(b.at("pixels"));
+      out.loss = torch::nn::functional::cross_entropy(out.logits, b.at("labels"));
+      return out;
+    };
+    timed = time_trainer(model.ptr(), forward, dataset, args, warmup, steps);
+  } else {
+    for (int i = 0; i < warmup; ++i) step(i);
+    timed = time_steps(step, warmup, steps);
+  }
+  const auto [final_loss, seconds] = timed;
   std::printf(
       "{\"impl\": \"mixprec\", \"loop\": \"%s\", \"precision\": \"%s\", \"optimizer\": "
       "\"%s\", \"scaler\": %s, \"steps_per_s\": %.2f, \"final_loss\": %.6f}\n",

@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Python twin of bench/amp_loop_bench.cpp: the same loop with torch.autocast,
 torch.amp.GradScaler and torch.optim.AdamW (or, with --loop accelerator, HF
-Accelerate's Accelerator), on the same data, model and sizes. Prints one JSON
+Accelerate's Accelerator, or with --loop trainer, transformers' Trainer), on the same
+data, model and sizes. Prints one JSON
 line. Run through bench/run.py."""
 import argparse
 import json
@@ -10,7 +11,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from timing import time_steps
+from timing import time_steps, time_trainer
 
 
 def load_digits_csv(path):
@@ -34,7 +35,7 @@ def main():
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
     p.add_argument("--optimizer", choices=["fused", "unfused"], default="fused")
     p.add_argument("--scaler", action="store_true")
-    p.add_argument("--loop", choices=["plain", "accelerator"], default="plain")
+    p.add_argument("--loop", choices=["plain", "accelerator", "trainer"], default="plain")
     p.add_argument("--data", default="data/digits.csv")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
@@ -86,9 +87,25 @@ def main():
             optimizer.zero_grad()
             return loss
 
-    for i in range(a.warmup):
-        step(i)
-    final_loss, seconds = time_steps(step, a.warmup, a.steps)
+    if a.loop == "trainer":
+        class Classifier(torch.nn.Module):  # the Trainer's contract: a batch in, the loss out
+            def __init__(self, mlp):
+                super().__init__()
+                self.mlp = mlp
+
+            def forward(self, pixels, labels):
+                logits = self.mlp(pixels)
+                return {"loss": F.cross_entropy(logits, labels), "logits": logits}
+
+        final_loss, seconds = time_trainer(
+            Classifier(model), [{"pixels": x, "labels": y} for x, y in zip(images, labels)], a.warmup, a.steps,
+            fp16=a.precision == "fp16", bf16=a.precision == "bf16", per_device_train_batch_size=a.batch_size,
+            dataloader_drop_last=True, learning_rate=3e-3, lr_scheduler_type="constant",
+            optim="adamw_torch_fused" if fused else "adamw_torch")
+    else:
+        for i in range(a.warmup):
+            step(i)
+        final_loss, seconds = time_steps(step, a.warmup, a.steps)
     print(json.dumps({"impl": "pytorch", "loop": a.loop, "precision": a.precision, "optimizer": a.optimizer,
                       "scaler": a.scaler, "steps_per_s": round(a.steps / seconds, 2),
                       "final_loss": round(final_loss, 6)}))

@@ -132,44 +132,20 @@ double activation_mb(const std::function<torch::Tensor()>& forward) {
 }
 
 // The Trainer on the same batches, with HF's defaults where the loop has none
-// (clipping at 1, shuffling): the steps after `warmup` are timed by a
-// callback, as the Trainer's own runtime includes its setup and the warm-up.
-TimedSteps time_trainer(mixprec::models::GPT2LMHeadModel model, const torch::Tensor& data,
-                        const std::string& precision, int64_t warmup, int64_t steps) {
-  struct Clock : mixprec::train::TrainerCallback {
-    int64_t warmup = 0;
-    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
-    void on_step_end(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
-                     mixprec::train::TrainerControl&) override {
-      if (state.global_step == warmup) start = std::chrono::steady_clock::now();
-    }
-  };
-  auto clock = std::make_shared<Clock>();
-  clock->warmup = warmup;
+// (clipping at 1, shuffling).
+TimedSteps time_gpt2_trainer(mixprec::models::GPT2LMHeadModel model, const torch::Tensor& data,
+                             const std::string& precision, int64_t warmup, int64_t steps) {
   const auto ids = data.reshape({-1, data.size(2)});  // (batches·B, T)
   auto dataset = std::make_shared<mixprec::data::TensorDataset>(
       std::map<std::string, at::Tensor>{{"input_ids", ids}, {"labels", ids}});
   mixprec::TrainingArguments args;
-  args.output_dir =
-      (std::filesystem::temp_directory_path() / ("gpt2_bench_" + std::to_string(getpid())))
-          .string();
-  args.overwrite_output_dir = true;
   args.fp16 = precision == "fp16";
   args.bf16 = precision == "bf16";
-  args.max_steps = warmup + steps;
   args.per_device_train_batch_size = data.size(1);
   args.learning_rate = 3e-4;
   args.lr_scheduler_type = "constant";
-  args.logging_strategy = "no";
-  args.save_strategy = "no";
-  args.disable_tqdm = true;
-  args.use_cpu = true;
-  mixprec::Trainer trainer(model, args, dataset, nullptr, {}, {clock});
-  const auto output = trainer.train();
-  const double seconds =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - clock->start).count();
-  std::filesystem::remove_all(args.output_dir);
-  return {output.training_loss, seconds};
+  return time_trainer(model.ptr(), mixprec::train::forward_on_batches(model), dataset, args, warmup,
+                      steps);
 }
 
 }  // namespace
@@ -253,7 +229,7 @@ int main(int argc, char** argv) {
   }
   const int64_t calls_before = mixprec::amp::fp16_cpu_fast_path_calls();
   auto [final_loss, seconds] = level == "trainer"
-                                   ? time_trainer(model, data, precision, warmup, steps)
+                                   ? time_gpt2_trainer(model, data, precision, warmup, steps)
                                    : time_steps(step, warmup, steps);
   rusage usage{};
   getrusage(RUSAGE_SELF, &usage);  // before activation_mb's extra forward

@@ -12,33 +12,7 @@ import resource
 import torch
 from transformers import GPT2Config, GPT2LMHeadModel
 
-from timing import time_steps
-
-
-def time_trainer(model, data, a):
-    """The steps after the warm-up, timed by a callback (the Trainer's runtime includes its setup)."""
-    import tempfile
-    import time
-
-    from transformers import Trainer, TrainerCallback, TrainingArguments
-
-    class Clock(TrainerCallback):
-        start = time.perf_counter()
-
-        def on_step_end(self, args, state, control, **kwargs):
-            if state.global_step == a.warmup:
-                Clock.start = time.perf_counter()
-
-    ids = data.reshape(-1, data.shape[-1])
-    dataset = [{"input_ids": row, "labels": row} for row in ids]
-    with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(output_dir=out, fp16=a.precision == "fp16", bf16=a.precision == "bf16",
-                                 max_steps=a.warmup + a.steps, per_device_train_batch_size=data.shape[1],
-                                 learning_rate=3e-4, lr_scheduler_type="constant", logging_strategy="no",
-                                 save_strategy="no", report_to="none", disable_tqdm=True, use_cpu=True,
-                                 optim="adamw_torch_fused")
-        result = Trainer(model=model, args=args, train_dataset=dataset, callbacks=[Clock()]).train()
-    return result.training_loss, time.perf_counter() - Clock.start
+from timing import time_steps, time_trainer
 
 
 def activation_mb(forward):
@@ -101,7 +75,11 @@ def main():
             return loss
 
     if a.level == "trainer":
-        final_loss, seconds = time_trainer(model, data, a)
+        ids = data.reshape(-1, data.shape[-1])
+        final_loss, seconds = time_trainer(
+            model, [{"input_ids": row, "labels": row} for row in ids], a.warmup, a.steps,
+            fp16=a.precision == "fp16", bf16=a.precision == "bf16", per_device_train_batch_size=data.shape[1],
+            learning_rate=3e-4, lr_scheduler_type="constant", optim="adamw_torch_fused")
     else:
         for i in range(a.warmup):
             step(i)

@@ -1,15 +1,15 @@
 #!/usr/bin/env python3
-"""The benchmark driver: runs the level-1 loop and the Accelerator loop in C++
-(mixprec) and in Python (PyTorch, HF Accelerate) side by side, interleaved,
+"""The benchmark driver: runs the level-1 loop, the Accelerator loop and the Trainer in C++
+(mixprec) and in Python (PyTorch, HF Accelerate, HF Trainer) side by side, interleaved,
 several times, and prints Markdown tables of medians.
 
-    python3 bench/run.py [--reps 5] [--steps 300] [--build build] [--json out.json]
+    python3 bench/run.py [--reps 5] [--steps 300] [--build build] [--json out.json] [--plot out.png]
     python3 bench/run.py --workload gpt2-small|gpt2-large [--reps 3] [--steps N] [--timeout 600]
     python3 bench/run.py --workload dp [--reps 3] [--steps 20] [--losses dp_losses.jsonl]
 
-Tables: steps/s per precision (fused AdamW; GradScaler for fp16) of each loop,
-ratio of mixprec to its Python twin, the Accelerator's overhead over the plain
-loop, and the final losses; and the GradScaler's own cost in fp16, as a share
+Tables: steps/s per precision (fused AdamW; GradScaler for fp16) of each level on the
+digits classifier, ratio of mixprec to its Python twin, the Accelerator's and the
+Trainer's overhead over the plain loop, and the final losses; and the GradScaler's own cost in fp16, as a share
 of step time: 1 - (steps/s with the scaler) / (steps/s without it), for the
 fused and the unfused AdamW.
 
@@ -44,6 +44,9 @@ CONFIGS = [
     ("accelerator", "fp32", "fused", False),
     ("accelerator", "bf16", "fused", False),
     ("accelerator", "fp16", "fused", True),
+    ("trainer", "fp32", "fused", False),
+    ("trainer", "bf16", "fused", False),
+    ("trainer", "fp16", "fused", True),
     ("plain", "fp16", "fused", False),
     ("plain", "fp16", "unfused", True),
     ("plain", "fp16", "unfused", False),
@@ -255,16 +258,17 @@ def main_gpt2(args):
                       f, indent=1)
 
 
+# mixprec's three levels beside their Python twins: (impl, level, title, colour).
+PLOT_COLUMNS = [("mixprec", "loop", "mixprec loop", "#1f4e9c"), ("pytorch", "loop", "PyTorch loop", "#b34d00"),
+                ("mixprec", "accelerator", "mixprec Accelerator", "#4f81d4"),
+                ("pytorch", "accelerator", "HF Accelerate", "#e6862e"),
+                ("mixprec", "trainer", "mixprec Trainer", "#9bbcf0"), ("pytorch", "trainer", "HF Trainer", "#f5c08a")]
+
+
 def plot_gpt2(path, size, median, note=""):
-    """Grouped bars of the medians, by precision: mixprec's three levels beside their Python twins
-    (gnuplot, installed by scripts/setup; its data and script are kept beside the PNG)."""
-    columns = [("mixprec", "loop", "mixprec loop", "#1f4e9c"), ("pytorch", "loop", "PyTorch loop", "#b34d00"),
-               ("mixprec", "accelerator", "mixprec Accelerator", "#4f81d4"),
-               ("pytorch", "accelerator", "HF Accelerate", "#e6862e"),
-               ("mixprec", "trainer", "mixprec Trainer", "#9bbcf0"), ("pytorch", "trainer", "HF Trainer", "#f5c08a")]
+    """Tokens/s medians by precision, mixprec's three levels beside their Python twins."""
     rows = [("fp32", "fp32", None), ("bf16", "bf16", None), ("fp16 (fast path on)", "fp16", "on"),
             ("fp16", "fp16", "off")]
-    base = os.path.splitext(path)[0]
 
     def value(impl, level, precision, fast_path):
         if precision == "fp16" and (impl, level) == ("mixprec", "loop"):
@@ -273,23 +277,31 @@ def plot_gpt2(path, size, median, note=""):
             return None  # only mixprec's loop runs with the fast path forced on
         return median((impl, precision, None, level))
 
-    table = [[value(impl, level, precision, fast_path) for impl, level, _, _ in columns]
+    table = [[value(impl, level, precision, fast_path) for impl, level, _, _ in PLOT_COLUMNS]
              for _, precision, fast_path in rows]
-    keep = [i for i in range(len(columns)) if any(row[i] is not None for row in table)]  # gnuplot
-    columns = [columns[i] for i in keep]  # rejects a column without points
+    plot_bars(path, f"GPT-2 {size}: tokens/s (median{note}), higher is better", "tokens/s",
+              [name for name, _, _ in rows], table)
+
+
+def plot_bars(path, title, ylabel, row_names, table):
+    """Grouped bars, one group per row, one bar per PLOT_COLUMNS entry (gnuplot, installed by
+    scripts/setup; its data and script are kept beside the PNG). None: not run."""
+    keep = [i for i in range(len(PLOT_COLUMNS)) if any(row[i] is not None for row in table)]  # gnuplot
+    columns = [PLOT_COLUMNS[i] for i in keep]  # rejects a column without points
+    base = os.path.splitext(path)[0]
     with open(base + ".dat", "w") as f:
         f.write("precision " + " ".join(f'"{title}"' for _, _, title, _ in columns) + "\n")
-        for (name, _, _), row in zip(rows, table):
+        for name, row in zip(row_names, table):
             f.write(f'"{name}" ' + " ".join("NaN" if row[i] is None else f"{row[i]:.0f}" for i in keep) + "\n")
     with open(base + ".gp", "w") as f:
         f.write(f"""set terminal pngcairo size 1000,480 noenhanced
 set output '{path}'
-set title 'GPT-2 {size}: tokens/s (median{note}), higher is better'
+set title '{title}'
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1
 set key outside right top vertical
-set ylabel 'tokens/s'
+set ylabel '{ylabel}'
 set yrange [0:*]
 set grid ytics
 colors = "{' '.join(color for *_, color in columns)}"
@@ -373,7 +385,7 @@ def main():
     p.add_argument("--malloc-reuse", action="store_true",
                    help="GPT-2 workloads: run every process (C++ and Python) with glibc keeping freed memory "
                         "for reuse, as mixprec's Accelerator and Trainer do by themselves")
-    p.add_argument("--plot", help="GPT-2 workloads: also draw the tokens/s medians into this PNG (gnuplot)")
+    p.add_argument("--plot", help="digits and GPT-2 workloads: also draw the medians into this PNG (gnuplot)")
     p.add_argument("--losses", default="dp_losses.jsonl", help="dp: the loss curves, one JSON line per step")
     p.add_argument("--from-json", help="GPT-2 workloads: print the tables of a file --json wrote, run nothing")
     args = p.parse_args()
@@ -399,22 +411,33 @@ def main():
         return runs[(impl,) + config][0]["final_loss"]
 
     import torch
-    print(f"Level-1 loop and Accelerator loop, digits MLP (64-256-256-10, batch 64), {args.steps} timed steps after 30 "
-          f"warm-up, median of {args.reps} interleaved runs; {platform.processor() or platform.machine()}, "
-          f"torch {torch.__version__}, 2 threads.\n")
+    print(f"Level-1 loop, Accelerator loop and Trainer, digits MLP (64-256-256-10, batch 64), {args.steps} timed "
+          f"steps after 30 warm-up, median of {args.reps} interleaved runs; "
+          f"{platform.processor() or platform.machine()}, torch {torch.__version__}, 2 threads. Steps/s.\n")
     print("| precision | loop: mixprec | PyTorch | ratio | Accelerator: mixprec | Accelerate | ratio "
-          "| Accelerator overhead (mixprec) | final loss: loop / Accelerator / Accelerate |")
-    print("|---|---|---|---|---|---|---|---|---|")
+          "| Trainer: mixprec | HF Trainer | ratio | overhead over the loop: Accelerator / Trainer (mixprec) "
+          "| final loss: loop / Accelerator / Accelerate | mean training loss: Trainer / HF Trainer |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    table = []
     for precision, scaler in (("fp32", False), ("bf16", False), ("fp16", True)):
-        plain, acc = ("plain", precision, "fused", scaler), ("accelerator", precision, "fused", scaler)
+        plain, acc, trainer = ((loop, precision, "fused", scaler) for loop in ("plain", "accelerator", "trainer"))
         m, t = median("mixprec", plain), median("pytorch", plain)
         ma, ta = median("mixprec", acc), median("pytorch", acc)
+        mt, tt = median("mixprec", trainer), median("pytorch", trainer)
+        table.append([m, t, ma, ta, mt, tt])
         name = precision + (" + GradScaler" if scaler else "")
         # The loop's loss is the same in C++ and Python (checked below), so one column serves.
         assert loss("mixprec", plain) == loss("pytorch", plain), (plain, runs)
         losses = f"{loss('mixprec', plain):.6f} / {loss('mixprec', acc):.6f} / {loss('pytorch', acc):.6f}"
         print(f"| {name} | {m:.0f} | {t:.0f} | {m / t:.2f}x | {ma:.0f} | {ta:.0f} | {ma / ta:.2f}x "
-              f"| {100 * (1 - ma / m):.1f}% | {losses} |")
+              f"| {mt:.0f} | {tt:.0f} | {mt / tt:.2f}x | {100 * (m / ma - 1):+.1f}% / {100 * (m / mt - 1):+.1f}% "
+              f"| {losses} | {loss('mixprec', trainer):.6f} / {loss('pytorch', trainer):.6f} |")
+    print("\nOverhead = loop steps/s / (Accelerator or Trainer) steps/s - 1. The Trainers run HF's defaults where "
+          "the loop has none (clipping at 1, shuffling, no weight decay), so their losses are compared with each "
+          "other; HF Accelerate and the HF Trainer train fp16 in fp32 on a CPU (their losses equal fp32's).")
+    if args.plot:
+        plot_bars(args.plot, f"digits MLP: steps/s (median of {args.reps}), higher is better", "steps/s",
+                  ["fp32", "bf16", "fp16 + GradScaler"], table)
     print("\nGradScaler cost in fp16 (share of step time):\n")
     print("| AdamW | mixprec | PyTorch |")
     print("|---|---|---|")

@@ -1,11 +1,18 @@
 // The timed part of every benchmark loop, one definition for all of them.
 #pragma once
 
+#include <mixprec/train/trainer.h>
+
 #include <torch/torch.h>
 
 #include <chrono>
 #include <cstdint>
+#include <filesystem>
 #include <functional>
+#include <memory>
+#include <string>
+
+#include <unistd.h>
 
 struct TimedSteps {
   double final_loss;
@@ -22,4 +29,39 @@ inline TimedSteps time_steps(const std::function<torch::Tensor(int64_t)>& step, 
   const double final_loss = loss.item<double>();
   return {final_loss,
           std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count()};
+}
+
+// The Trainer's steps after `warmup`, timed by a callback (its own runtime includes its setup
+// and the warm-up): `args` says the precision, batch size, optimizer and schedule; this sets
+// the step count and turns off logging, saving and the progress bar, as the twins do.
+inline TimedSteps time_trainer(std::shared_ptr<torch::nn::Module> module,
+                               mixprec::train::BatchForward forward,
+                               mixprec::data::DatasetPtr dataset, mixprec::TrainingArguments args,
+                               int64_t warmup, int64_t steps) {
+  struct Clock : mixprec::train::TrainerCallback {
+    int64_t warmup = 0;
+    std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
+    void on_step_end(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
+                     mixprec::train::TrainerControl&) override {
+      if (state.global_step == warmup) start = std::chrono::steady_clock::now();
+    }
+  };
+  auto clock = std::make_shared<Clock>();
+  clock->warmup = warmup;
+  args.output_dir =
+      (std::filesystem::temp_directory_path() / ("mixprec_bench_" + std::to_string(getpid())))
+          .string();
+  args.overwrite_output_dir = true;
+  args.max_steps = warmup + steps;
+  args.logging_strategy = "no";
+  args.save_strategy = "no";
+  args.disable_tqdm = true;
+  args.use_cpu = true;
+  mixprec::Trainer trainer(std::move(module), std::move(forward), args, std::move(dataset), nullptr,
+                           {}, {clock}, {});
+  const auto output = trainer.train();
+  const double seconds =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - clock->start).count();
+  std::filesystem::remove_all(args.output_dir);
+  return {output.training_loss, seconds};
 }
