@@ -95,7 +95,7 @@ GPT2_CONFIGS = [
 
 # glibc settings that keep freed memory for reuse (what mixprec's Accelerator and Trainer set with
 # mallopt); --malloc-reuse gives them to every GPT-2 run, C++ and Python alike.
-MALLOC_REUSE = {"MALLOC_MMAP_THRESHOLD_": str(32 << 20), "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
+MALLOC_REUSE = {"MALLOC_MMAP_MAX_": "0", "MALLOC_TRIM_THRESHOLD_": str(1 << 30)}
 
 
 def gemm_peaks(reps=5, n=1024):

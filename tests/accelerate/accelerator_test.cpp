@@ -76,19 +76,23 @@ TEST(Accelerator, PreparedModelReusesTheModelsFp32Logits) {
 }
 
 // A step's freed activations stay in the heap for the next step: glibc must not serve a
-// 24 MiB block by mmap (and unmap it on free), as it does by default (threshold 128 KiB).
+// 24 MiB block by mmap (and unmap it on free), as it does by default (threshold 128 KiB), nor
+// a 48 MiB one, over the largest threshold glibc allows.
 TEST(Accelerator, KeepsFreedMemoryForReuseOnCpu) {
 #ifdef __GLIBC__
-  for (const char* name : {"MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
+  for (const char* name :
+       {"MALLOC_MMAP_MAX_", "MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES"})
     if (std::getenv(name) != nullptr)
       GTEST_SKIP() << name << " is set: the Accelerator leaves malloc alone";
   mixprec::Accelerator accelerator({.cpu = true});
-  const auto mapped = mallinfo2().hblkhd;
-  char* volatile block = static_cast<char*>(std::malloc(24 << 20));  // volatile: not elided
-  block[0] = 1;
-  const auto mapped_with_block = mallinfo2().hblkhd;
-  std::free(block);
-  EXPECT_EQ(mapped_with_block, mapped) << "the block was mmapped";
+  for (size_t mib : {24, 48}) {
+    const auto mapped = mallinfo2().hblkhd;
+    char* volatile block = static_cast<char*>(std::malloc(mib << 20));  // volatile: not elided
+    block[0] = 1;
+    const auto mapped_with_block = mallinfo2().hblkhd;
+    std::free(block);
+    EXPECT_EQ(mapped_with_block, mapped) << "the " << mib << " MiB block was mmapped";
+  }
 #else
   GTEST_SKIP() << "glibc only";
 #endif
