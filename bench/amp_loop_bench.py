@@ -2,8 +2,7 @@
 """Python twin of bench/amp_loop_bench.cpp: the same loop with torch.autocast,
 torch.amp.GradScaler and torch.optim.AdamW (or, with --loop accelerator, HF
 Accelerate's Accelerator, or with --loop trainer, transformers' Trainer), on the same
-data, model and sizes. Prints one JSON
-line. Run through bench/run.py."""
+data, model and sizes. Prints one JSON line. Run through bench/run.py."""
 import argparse
 import json
 

@@ -7,6 +7,7 @@
 
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
+#include "timed_steps.h"
 
 #include <algorithm>
 #include <chrono>
@@ -23,19 +24,6 @@ struct Op {
   // Converts the inputs to a dtype (untimed) and returns the timed call.
   std::function<std::function<void()>(at::ScalarType)> prepare;
 };
-
-double median_seconds(const std::function<void()>& f, int reps) {
-  f();
-  std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    times.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
-  return times[reps / 2];
-}
 
 }  // namespace
 

@@ -9,8 +9,8 @@ several times, and prints Markdown tables of medians.
 
 Tables: steps/s per precision (fused AdamW; GradScaler for fp16) of each level on the
 digits classifier, ratio of mixprec to its Python twin, the Accelerator's and the
-Trainer's overhead over the plain loop, and the final losses; and the GradScaler's own cost in fp16, as a share
-of step time: 1 - (steps/s with the scaler) / (steps/s without it), for the
+Trainer's overhead over the plain loop, and the final losses; and the GradScaler's own
+cost in fp16, as a share of step time: 1 - (steps/s with the scaler) / (steps/s without it), for the
 fused and the unfused AdamW.
 
 With --workload gpt2-small or gpt2-large: the level-1 loop on GPT-2

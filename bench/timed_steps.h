@@ -5,14 +5,30 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include <unistd.h>
+
+// Median seconds of `reps` timed calls of f, after one untimed warm-up call.
+inline double median_seconds(const std::function<void()>& f, int reps) {
+  f();
+  std::vector<double> times;
+  for (int i = 0; i < reps; ++i) {
+    const auto start = std::chrono::steady_clock::now();
+    f();
+    times.push_back(
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  }
+  std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
+  return times[reps / 2];
+}
 
 struct TimedSteps {
   double final_loss;
