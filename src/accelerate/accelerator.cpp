@@ -34,7 +34,7 @@ namespace {
 // Serving every block from the heap and keeping up to 1 GiB of freed memory there lets each
 // step reuse the last one's memory, as PyTorch's caching allocators do on accelerators; peak
 // RSS stays the same. Not mmap at all: glibc maps blocks over 32 MiB whatever the threshold
-// (a large GPT-2's fp32 logits: +5% bf16 step time from faults alone). Left alone when the
+// (a large GPT-2's fp32 logits: 3-5% of a bf16 step in faults alone). Left alone when the
 // user tunes malloc through the environment.
 void keep_freed_memory_for_reuse() {
 #ifdef __GLIBC__
