@@ -16,7 +16,10 @@
 // setting is read on every call, so it can be switched off at any time.
 //
 // What: up-cast the fp16 inputs to fp32 (exact), run the fp32 kernel (fp32
-// accumulation, the fast GEMM), round the result to fp16 once.
+// accumulation, the fast GEMM), round the result to fp16 once. A matmul's
+// backward up-casts its incoming gradient twice (once per input's gradient, the
+// second time often as a transposed view): a small cache of the last up-casts
+// serves the second (UpcastCache).
 //
 // What not: the out= and in-place forms of the GEMMs (addmm_, mm.out, ...),
 // addbmm and _addmm_activation reach LibTorch's own fp16 kernels; nothing in
@@ -45,6 +48,7 @@
 #include <torch/library.h>
 
 #include <atomic>
+#include <deque>
 #include <memory>
 #include <mutex>
 
@@ -69,10 +73,58 @@ bool fast(std::initializer_list<const at::Tensor*> tensors) {
   return true;
 }
 
-at::Tensor up(const at::Tensor& t) { return t.to(at::kFloat); }
+// The fp32 copies of the last fp16 tensors up-cast, per thread (autograd runs a CPU backward
+// on the thread that called it). A copy serves any dense view of the same elements at the same
+// version (a transposed gradient too), and is dropped when it serves or when newer copies push
+// it out: at most kEntries fp32 tensors are held between ops.
+class UpcastCache {
+ public:
+  at::Tensor up(const at::Tensor& t) {
+    if (!cacheable(t)) return t.to(at::kFloat);
+    for (auto it = entries_.begin(); it != entries_.end(); ++it)
+      if (it->same_elements(t)) {
+        auto fp32 = it->fp32.as_strided(t.sizes(), t.strides(), 0);
+        entries_.erase(it);
+        return fp32;
+      }
+    if (entries_.size() == kEntries) entries_.pop_front();  // before the new copy: less memory
+    auto fp32 = t.to(at::kFloat);
+    if (fp32.strides() == t.strides() && fp32.storage_offset() == 0)
+      entries_.push_back(
+          {c10::weak_intrusive_ptr<c10::StorageImpl>(t.storage().getWeakStorageImpl()),
+           t.storage().data(), t.storage_offset(), t.numel(), t._version(), fp32});
+    return fp32;
+  }
+
+ private:
+  static constexpr size_t kEntries = 2;  // a matmul's two fp16 inputs
+  struct Entry {
+    c10::weak_intrusive_ptr<c10::StorageImpl> storage;  // held weakly: its address stays unique
+    const void* data;
+    int64_t offset, numel, version;
+    at::Tensor fp32;
+
+    // Dense tensors at the same offset with as many elements cover the same memory.
+    bool same_elements(const at::Tensor& t) const {
+      return !storage.expired() &&
+             storage._unsafe_get_target() == t.storage().unsafeGetStorageImpl() &&
+             data == t.storage().data() && offset == t.storage_offset() && numel == t.numel() &&
+             version == t._version();
+    }
+  };
+  static bool cacheable(const at::Tensor& t) {
+    return !t.is_inference() && t.has_storage() && t.is_non_overlapping_and_dense();
+  }
+  std::deque<Entry> entries_;
+};
+
+at::Tensor up(const at::Tensor& t) {
+  thread_local UpcastCache cache;
+  return cache.up(t);
+}
 std::optional<at::Tensor> up(const std::optional<at::Tensor>& t) {
   if (!t || !t->defined()) return t;
-  return t->to(at::kFloat);
+  return up(*t);
 }
 at::Tensor down(const at::Tensor& t) { return t.defined() ? t.to(at::kHalf) : t; }
 

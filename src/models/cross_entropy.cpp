@@ -1,6 +1,11 @@
 #include "mixprec/models/cross_entropy.h"
 
+#include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <torch/autograd.h>
+
+#include "models/kernels/cross_entropy.h"
+#include "models/kernels/isa.h"
 
 namespace mixprec::models {
 namespace {
@@ -8,6 +13,61 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+using Forward = void (*)(const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&,
+                         const at::Tensor&);
+using Backward = void (*)(const at::Tensor&, const at::Tensor&, int64_t, const at::Tensor&, float,
+                          const at::Tensor&);
+struct Kernel {
+  Forward forward = nullptr;
+  Backward backward = nullptr;
+};
+
+Kernel cpu_kernel() {
+  switch (kernels::cpu_isa()) {
+#ifdef MIXPREC_HAVE_X86_KERNELS
+    case kernels::Isa::kAvx512:
+      return {kernels::avx512::cross_entropy_forward, kernels::avx512::cross_entropy_backward};
+    case kernels::Isa::kAvx2:
+      return {kernels::avx2::cross_entropy_forward, kernels::avx2::cross_entropy_backward};
+#endif
+    default:
+      return {};
+  }
+}
+
+// The CPU kernels: two passes over the logits, nothing (N, C) kept but the logits themselves.
+struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
+                            const at::Tensor& targets, int64_t ignore_index) {
+    RECORD_FUNCTION("mixprec::cross_entropy", std::vector<c10::IValue>());
+    const int64_t N = logits.size(0);
+    const int64_t count = targets.ne(ignore_index).sum().item<int64_t>();
+    const auto fp32 = logits.options().dtype(at::kFloat);
+    auto lse = at::empty({N}, fp32), loss = at::empty({N}, fp32);
+    cpu_kernel().forward(logits, targets, ignore_index, lse, loss);
+    double sum = 0;  // in row order: the same bits whatever the threads
+    const auto* l = loss.const_data_ptr<float>();
+    for (int64_t i = 0; i < N; ++i) sum += l[i];
+    ctx->save_for_backward({logits, targets, lse});
+    ctx->saved_data["ignore_index"] = ignore_index;
+    ctx->saved_data["count"] = count;
+    return at::scalar_tensor(sum / static_cast<double>(count), fp32);  // NaN if count is 0
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    RECORD_FUNCTION("mixprec::cross_entropy_backward", std::vector<c10::IValue>());
+    const auto saved = ctx->get_saved_variables();
+    const auto& logits = saved[0];
+    const double count = static_cast<double>(ctx->saved_data["count"].toInt());
+    const auto scale = static_cast<float>(grad_outputs[0].item<double>() / count);
+    auto grad = at::empty_like(logits);
+    cpu_kernel().backward(logits, saved[1], ctx->saved_data["ignore_index"].toInt(), saved[2],
+                          scale, grad);
+    return {grad, at::Tensor(), at::Tensor()};
+  }
+};
+
+// Elsewhere (fp64, other devices, CPUs without AVX2): LibTorch's ops, in the logits' dtype.
 struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
                             const at::Tensor& targets, int64_t ignore_index) {
@@ -42,7 +102,20 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
       targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.scalar_type() == at::kLong,
       "cross_entropy: targets must be int64 (N) with N = ", logits.size(0), ", got ",
       targets.scalar_type(), " of shape ", targets.sizes());
-  return CrossEntropy::apply(logits, targets, ignore_index);
+  if (targets.is_cpu()) {  // elsewhere, reading them would wait for the device
+    const auto contiguous = targets.contiguous();
+    const auto* t = contiguous.const_data_ptr<int64_t>();
+    for (int64_t i = 0; i < targets.numel(); ++i)
+      TORCH_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < logits.size(1)),
+                  "cross_entropy: target ", t[i], " of row ", i, " is out of range [0, ",
+                  logits.size(1), ")");
+  }
+  const auto dtype = logits.scalar_type();
+  const bool kernel_dtype = dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
+  if (logits.is_cpu() && targets.is_cpu() && kernel_dtype && cpu_kernel().forward != nullptr)
+    return FusedCrossEntropy::apply(logits.contiguous(), targets.contiguous(), ignore_index);
+  const auto upcast = at::isReducedFloatingType(dtype) ? logits.to(at::kFloat) : logits;
+  return CrossEntropy::apply(upcast, targets, ignore_index);
 }
 
 }  // namespace mixprec::models

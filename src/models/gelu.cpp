@@ -1,11 +1,11 @@
 #include "mixprec/models/gelu.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Version.h>
 #include <ATen/record_function.h>
 #include <torch/autograd.h>
 
 #include "models/kernels/gelu_tanh.h"
+#include "models/kernels/isa.h"
 
 namespace mixprec::models {
 namespace {
@@ -20,14 +20,16 @@ struct Kernel {
 
 const Kernel& cpu_kernel() {
   static const Kernel kernel = []() -> Kernel {
+    switch (kernels::cpu_isa()) {
 #ifdef MIXPREC_HAVE_X86_KERNELS
-    const std::string capability = at::get_cpu_capability();
-    if (capability == "AVX512")
-      return {"avx512", kernels::avx512::gelu_tanh_forward, kernels::avx512::gelu_tanh_backward};
-    if (capability == "AVX2")
-      return {"avx2", kernels::avx2::gelu_tanh_forward, kernels::avx2::gelu_tanh_backward};
+      case kernels::Isa::kAvx512:
+        return {"avx512", kernels::avx512::gelu_tanh_forward, kernels::avx512::gelu_tanh_backward};
+      case kernels::Isa::kAvx2:
+        return {"avx2", kernels::avx2::gelu_tanh_forward, kernels::avx2::gelu_tanh_backward};
 #endif
-    return {"libtorch", nullptr, nullptr};
+      default:
+        return {"libtorch", nullptr, nullptr};
+    }
   }();
   return kernel;
 }

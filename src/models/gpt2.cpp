@@ -287,10 +287,10 @@ ModelOutput GPT2LMHeadModelImpl::forward(const torch::Tensor& input_ids,
     // slices the logits to (B, T-1, V) instead, which costs a copy of them forward and a zero
     // fill plus a copy backward; the loss is the same.
     const int64_t B = input_ids.size(0), T = input_ids.size(1), V = config_.vocab_size;
-    out.logits_fp32 = out.logits.to(at::kFloat);  // (B, T, V)
     auto targets = at::cat({labels.narrow(1, 1, T - 1), at::full({B, 1}, -100, labels.options())},
                            /*dim=*/1);  // (B, T)
-    out.loss = cross_entropy(out.logits_fp32.view({-1, V}), targets.view({-1}),
+    // In fp32 for 16-bit logits, as HF's loss (which casts them first).
+    out.loss = cross_entropy(out.logits.view({-1, V}), targets.view({-1}),
                              /*ignore_index=*/-100);
   }
   return out;

@@ -187,6 +187,36 @@ TEST_F(Fp16CpuTest, ScaledDotProductAttentionForwardAndBackward) {
   }
 }
 
+// The fast path keeps the fp32 copies of its last up-casts for a matmul backward's second use
+// of its gradient. A copy may serve only the same elements at the same version: a transposed
+// view of them, but not after an in-place change, not another tensor at a reused address, not
+// other elements of the same storage.
+TEST_F(Fp16CpuTest, UpcastCopiesNeverServeStaleValues) {
+  auto fast = [](const at::Tensor& x, const at::Tensor& y) {
+    return at::cpu::mm(x.to(at::kFloat), y.to(at::kFloat)).to(at::kHalf);
+  };
+  auto w = half_randn({24, 16}), v = half_randn({40, 8});
+  auto g = half_randn({40, 24});
+  EXPECT_TRUE(torch::equal(at::mm(g, w), fast(g, w)));
+  EXPECT_TRUE(torch::equal(at::mm(g.t(), v), fast(g.t(), v))) << "transposed view";
+  at::mm(g, w);
+  g.mul_(-2);
+  EXPECT_TRUE(torch::equal(at::mm(g, w), fast(g, w))) << "changed in place";
+  at::mm(g, w);
+  g.detach().add_(1);
+  EXPECT_TRUE(torch::equal(at::mm(g, w), fast(g, w))) << "changed through a detached view";
+  for (int i = 0; i < 3; ++i) {  // freed and allocated again, likely at the same address
+    auto a = half_randn({40, 24});
+    EXPECT_TRUE(torch::equal(at::mm(a, w), fast(a, w))) << "new tensor " << i;
+  }
+  auto big = half_randn({80, 24});
+  at::mm(big.narrow(0, 0, 40), w);
+  EXPECT_TRUE(torch::equal(at::mm(big.narrow(0, 40, 40), w), fast(big.narrow(0, 40, 40), w)))
+      << "other rows";
+  EXPECT_TRUE(torch::equal(at::mm(big.narrow(0, 0, 20), w), fast(big.narrow(0, 0, 20), w)))
+      << "fewer rows at the same offset";
+}
+
 TEST_F(Fp16CpuTest, OtherDtypesAreUntouched) {
   auto a = torch::randn({32, 48}), b = torch::randn({48, 16});
   at::Tensor f32, bf16;

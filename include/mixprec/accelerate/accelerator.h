@@ -108,8 +108,7 @@ inline at::Tensor to_fp32(at::Tensor t) {
   return t;
 }
 inline models::ModelOutput to_fp32(models::ModelOutput out) {
-  auto logits = out.logits_fp32.defined() ? out.logits_fp32 : to_fp32(std::move(out.logits));
-  return {to_fp32(std::move(out.loss)), logits, logits};
+  return {to_fp32(std::move(out.loss)), to_fp32(std::move(out.logits))};
 }
 inline std::vector<at::Tensor> to_fp32(std::vector<at::Tensor> ts) {
   for (auto& t : ts) t = to_fp32(std::move(t));

@@ -6,11 +6,17 @@ namespace mixprec::models {
 
 /// Mean cross-entropy of `logits` (N, C) against class indices `targets` (N), rows whose target
 /// is `ignore_index` left out of the mean: the value and gradient of `at::cross_entropy_loss`
-/// (no weights, no label smoothing), computed in the logits' dtype. Its backward is one fused
-/// pass, softmax minus one-hot, from the log-probabilities the forward kept; LibTorch's goes
-/// through a zero-filled (N, C) gradient and a separate log-softmax backward: 1.4-1.7x faster
-/// forward and backward at a GPT-2 LM head's sizes (N 1-2k, C 4096). If every row is ignored,
-/// the loss is NaN, as LibTorch's is.
+/// (no weights, no label smoothing). bf16/fp16 logits are treated as HF's causal-LM loss treats
+/// them (`logits.float()` first): the loss is fp32 and the gradient is computed in fp32 and
+/// rounded once to the logits' dtype, but no fp32 copy of the logits is made. fp32/fp64 logits
+/// give a loss of their dtype. If every row is ignored, the loss is NaN, as LibTorch's is.
+///
+/// On the CPU (fp32, bf16, fp16; AVX2 or AVX-512) it runs mixprec's kernels: one pass over the
+/// logits forward, one backward (writing the gradient), keeping only the logits and one fp32
+/// per row. LibTorch's loss keeps (N, C) log-probabilities and its backward goes through a
+/// zero-filled gradient and a log-softmax backward; HF's adds the fp32 copy and its cast back.
+/// Elsewhere, LibTorch's ops (log-softmax, then a fused softmax-minus-one-hot backward).
+/// Targets other than `ignore_index` must be in [0, C). Differentiable once.
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
                          int64_t ignore_index = -100);
 

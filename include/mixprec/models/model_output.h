@@ -9,9 +9,6 @@ namespace mixprec::models {
 struct ModelOutput {
   at::Tensor loss;    ///< 0-dim fp32; undefined without labels
   at::Tensor logits;  ///< (B, T, V) for a causal LM, in autocast's dtype under autocast
-  /// The same logits up-cast to fp32, where the model made that copy anyway (for its loss);
-  /// undefined otherwise. The Accelerator's fp32 outputs take it instead of casting again.
-  at::Tensor logits_fp32{};  // initialized, so {loss, logits} stays warning-free
 };
 
 }  // namespace mixprec::models
