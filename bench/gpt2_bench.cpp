@@ -45,7 +45,7 @@ std::string part_of(const std::string& op) {
   if (has("attention")) return "attention";
   if (is({"aten::copy_", "aten::_to_copy", "aten::to", "aten::cat", "aten::clone"}))
     return "casts and copies";
-  if (has("softmax") || has("nll_loss") ||
+  if (has("softmax") || has("nll_loss") || has("cross_entropy") ||
       is({"aten::exp", "aten::gather", "aten::scatter_add_", "aten::full"}))
     return "loss (log-softmax, cross-entropy)";
   if (has("gelu")) return "GELU";
