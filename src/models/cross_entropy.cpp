@@ -38,10 +38,9 @@ Kernel cpu_kernel() {
 // The CPU kernels: two passes over the logits, nothing (N, C) kept but the logits themselves.
 struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& targets, int64_t ignore_index) {
+                            const at::Tensor& targets, int64_t ignore_index, int64_t count) {
     RECORD_FUNCTION("mixprec::cross_entropy", std::vector<c10::IValue>());
     const int64_t N = logits.size(0);
-    const int64_t count = targets.ne(ignore_index).sum().item<int64_t>();
     const auto fp32 = logits.options().dtype(at::kFloat);
     auto lse = at::empty({N}, fp32), loss = at::empty({N}, fp32);
     cpu_kernel().forward(logits, targets, ignore_index, lse, loss);
@@ -63,7 +62,7 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     auto grad = at::empty_like(logits);
     cpu_kernel().backward(logits, saved[1], ctx->saved_data["ignore_index"].toInt(), saved[2],
                           scale, grad);
-    return {grad, at::Tensor(), at::Tensor()};
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -102,18 +101,21 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
       targets.dim() == 1 && targets.size(0) == logits.size(0) && targets.scalar_type() == at::kLong,
       "cross_entropy: targets must be int64 (N) with N = ", logits.size(0), ", got ",
       targets.scalar_type(), " of shape ", targets.sizes());
+  int64_t count = 0;       // rows that count; read only on the CPU
   if (targets.is_cpu()) {  // elsewhere, reading them would wait for the device
     const auto contiguous = targets.contiguous();
     const auto* t = contiguous.const_data_ptr<int64_t>();
-    for (int64_t i = 0; i < targets.numel(); ++i)
-      TORCH_CHECK(t[i] == ignore_index || (t[i] >= 0 && t[i] < logits.size(1)),
-                  "cross_entropy: target ", t[i], " of row ", i, " is out of range [0, ",
-                  logits.size(1), ")");
+    for (int64_t i = 0; i < targets.numel(); ++i) {
+      if (t[i] == ignore_index) continue;
+      TORCH_CHECK(t[i] >= 0 && t[i] < logits.size(1), "cross_entropy: target ", t[i], " of row ", i,
+                  " is out of range [0, ", logits.size(1), ")");
+      ++count;
+    }
   }
   const auto dtype = logits.scalar_type();
   const bool kernel_dtype = dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
   if (logits.is_cpu() && targets.is_cpu() && kernel_dtype && cpu_kernel().forward != nullptr)
-    return FusedCrossEntropy::apply(logits.contiguous(), targets.contiguous(), ignore_index);
+    return FusedCrossEntropy::apply(logits.contiguous(), targets.contiguous(), ignore_index, count);
   const auto upcast = at::isReducedFloatingType(dtype) ? logits.to(at::kFloat) : logits;
   return CrossEntropy::apply(upcast, targets, ignore_index);
 }
