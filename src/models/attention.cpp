@@ -1,42 +1,153 @@
 #include "mixprec/models/attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
+#include <torch/autograd.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "models/kernels/attention_softmax.h"
+#include "models/kernels/isa.h"
 
 namespace mixprec::models {
 namespace {
 
-bool computes_in_fp32(const at::Tensor& query, AttentionPrecision precision) {
-  const auto dtype = query.scalar_type();
-  if (!query.is_cpu() || (dtype != at::kHalf && dtype != at::kBFloat16)) return false;
-  switch (precision) {
-    case AttentionPrecision::kNative:
-      return false;
-    case AttentionPrecision::kFp32:
-      return true;
-    case AttentionPrecision::kAuto:
-      break;
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+using SoftmaxForward = void (*)(const at::Tensor&, int64_t, bool, float, const at::Tensor&);
+using SoftmaxBackward = void (*)(const at::Tensor&, const at::Tensor&, int64_t, bool, float,
+                                 const at::Tensor&);
+struct SoftmaxKernel {
+  SoftmaxForward forward = nullptr;
+  SoftmaxBackward backward = nullptr;
+};
+
+SoftmaxKernel softmax_kernel() {
+  switch (kernels::cpu_isa()) {
+#ifdef MIXPREC_HAVE_X86_KERNELS
+    case kernels::Isa::kAvx512:
+      return {kernels::avx512::attention_softmax_forward,
+              kernels::avx512::attention_softmax_backward};
+    case kernels::Isa::kAvx2:
+      return {kernels::avx2::attention_softmax_forward, kernels::avx2::attention_softmax_backward};
+#endif
+    default:
+      return {};
   }
-  return dtype == at::kHalf || query.size(-2) <= 128;  // the table in attention.h
+}
+
+// SDPA's default: 1 / sqrt(head dim).
+float scale_of(const at::Tensor& query) {
+  return 1.0f / std::sqrt(static_cast<float>(query.size(-1)));
+}
+
+// bf16 inputs keep bf16 probabilities (what the 16-bit flash kernel feeds its second GEMM);
+// fp16 ones run in fp32 (LibTorch's fp16 GEMMs are scalar loops on most CPUs).
+at::ScalarType compute_dtype(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+}
+
+// A dense copy of t in dtype (t itself if it is one already): at::matmul copies strided
+// operands anyway, and each is used twice.
+at::Tensor dense(const at::Tensor& t, at::ScalarType dtype) {
+  return t.to(dtype, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
+}
+
+// Scores and their gradient come from fp32 GEMMs on the (exact) up-casts, as in the flash
+// kernels, which keep them in fp32 too; the products with the probabilities run in the compute
+// dtype. Saved for backward: dense copies of the inputs and the (B, H, Lq, Lk) probabilities.
+struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& query, const at::Tensor& key,
+                            const at::Tensor& value, bool is_causal) {
+    RECORD_FUNCTION("mixprec::attention", std::vector<c10::IValue>());
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto dtype = compute_dtype(query);
+    const auto q = dense(query, dtype), k = dense(key, dtype), v = dense(value, dtype);
+    auto scores = at::matmul(dense(q, at::kFloat), dense(k, at::kFloat).transpose(-2, -1));
+    auto probs = dtype == at::kFloat ? scores : at::empty_like(scores, dtype);
+    softmax_kernel().forward(scores, q.size(-2), is_causal, scale_of(q), probs);
+    ctx->save_for_backward({q, k, v, probs});
+    ctx->saved_data["is_causal"] = is_causal;
+    ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(query.scalar_type()),
+                                                     static_cast<int64_t>(key.scalar_type()),
+                                                     static_cast<int64_t>(value.scalar_type())};
+    return at::matmul(probs, v).to(query.scalar_type());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    RECORD_FUNCTION("mixprec::attention_backward", std::vector<c10::IValue>());
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = ctx->get_saved_variables();
+    const auto &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
+    const auto dtypes = ctx->saved_data["dtypes"].toIntVector();
+    const auto dtype = probs.scalar_type();
+    const auto grad = dense(grad_outputs[0], dtype);  // exact: the inputs' dtype or fp32
+    auto grad_value = at::matmul(probs.transpose(-2, -1), grad);
+    auto grad_probs = at::matmul(dense(grad, at::kFloat), dense(v, at::kFloat).transpose(-2, -1));
+    auto grad_scores = dtype == at::kFloat ? grad_probs : at::empty_like(grad_probs, dtype);
+    softmax_kernel().backward(probs, grad_probs, q.size(-2), ctx->saved_data["is_causal"].toBool(),
+                              scale_of(q), grad_scores);
+    auto grad_query = at::matmul(grad_scores, k);
+    auto grad_key = at::matmul(grad_scores.transpose(-2, -1), q);
+    const auto as = [&](int i) { return static_cast<at::ScalarType>(dtypes[i]); };
+    return {grad_query.to(as(0)), grad_key.to(as(1)), grad_value.to(as(2)), {}};
+  }
+};
+
+bool matmul_supported(const at::Tensor& query, const at::Tensor& key, double dropout_p) {
+  const auto dtype = query.scalar_type();
+  return query.is_cpu() && dropout_p == 0.0 && key.size(-2) > 0 &&
+         softmax_kernel().forward != nullptr &&
+         (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
 }
 
 }  // namespace
 
+AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tensor& key,
+                                        double dropout_p) {
+  const auto dtype = query.scalar_type();
+  const bool sixteen_bit = dtype == at::kHalf || dtype == at::kBFloat16;
+  if (!query.is_cpu() || !(sixteen_bit || dtype == at::kFloat)) return AttentionKernel::kFlash;
+  // The tables in attention.h.
+  const int64_t T = std::max(query.size(-2), key.size(-2));
+  if (kernels::cpu_has_amx_bf16()) {
+    if (!sixteen_bit) return AttentionKernel::kFlash;
+    return dtype == at::kHalf || T <= 128 ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash;
+  }
+  if (matmul_supported(query, key, dropout_p) && (T <= 128 || (dtype == at::kBFloat16 && T <= 256)))
+    return AttentionKernel::kMatmul;
+  if (dtype == at::kFloat) return AttentionKernel::kFlash;
+  return dtype == at::kHalf || T <= 256 ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash;
+}
+
 at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key,
                                         const at::Tensor& value, double dropout_p, bool is_causal,
-                                        AttentionPrecision precision) {
-  if (!computes_in_fp32(query, precision))
-    return at::scaled_dot_product_attention(query, key, value, /*attn_mask=*/{}, dropout_p,
-                                            is_causal);
-  // Autocast would cast the fp32 inputs straight back to 16 bits (SDPA is on its 16-bit list).
-  at::Tensor out;
-  {
-    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
-    out = at::scaled_dot_product_attention(query.to(at::kFloat), key.to(at::kFloat),
-                                           value.to(at::kFloat), /*attn_mask=*/{}, dropout_p,
-                                           is_causal);
+                                        AttentionKernel kernel) {
+  if (kernel == AttentionKernel::kAuto) kernel = choose_attention_kernel(query, key, dropout_p);
+  TORCH_CHECK(kernel != AttentionKernel::kMatmul || matmul_supported(query, key, dropout_p),
+              "scaled_dot_product_attention: AttentionKernel::kMatmul needs CPU tensors of float, "
+              "bfloat16 or half, dropout_p 0, keys and an AVX2 or AVX-512 CPU; got ",
+              query.device(), " ", query.scalar_type(), ", dropout_p ", dropout_p, ", ",
+              key.size(-2), " keys");
+  switch (kernel) {
+    case AttentionKernel::kMatmul:
+      return MatmulAttention::apply(query, key, value, is_causal);
+    case AttentionKernel::kFlashFp32: {
+      // Autocast would cast the fp32 inputs straight back to 16 bits (SDPA is on its 16-bit
+      // list).
+      c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+      return at::scaled_dot_product_attention(query.to(at::kFloat), key.to(at::kFloat),
+                                              value.to(at::kFloat), /*attn_mask=*/{}, dropout_p,
+                                              is_causal)
+          .to(query.scalar_type());
+    }
+    default:
+      return at::scaled_dot_product_attention(query, key, value, /*attn_mask=*/{}, dropout_p,
+                                              is_causal);
   }
-  return out.to(query.scalar_type());
 }
 
 }  // namespace mixprec::models

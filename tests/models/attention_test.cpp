@@ -5,14 +5,19 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <cmath>
+
+#include "models/kernels/isa.h"
+
 namespace {
 
-using mixprec::models::AttentionPrecision;
+using mixprec::models::AttentionKernel;
 using mixprec::models::scaled_dot_product_attention;
 
-std::vector<torch::Tensor> qkv(int64_t T, torch::ScalarType dtype) {
+std::vector<torch::Tensor> qkv(int64_t T, torch::ScalarType dtype, int64_t Tk = -1) {
   std::vector<torch::Tensor> t;
-  for (int i = 0; i < 3; ++i) t.push_back(torch::randn({2, 2, T, 16}).to(dtype));
+  t.push_back(torch::randn({2, 2, T, 16}).to(dtype));
+  for (int i = 0; i < 2; ++i) t.push_back(torch::randn({2, 2, Tk < 0 ? T : Tk, 16}).to(dtype));
   return t;
 }
 
@@ -20,13 +25,41 @@ bool same(const torch::Tensor& a, const torch::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && torch::equal(a, b);
 }
 
-TEST(Attention, Fp32PrecisionRoundsTheExactResultOnceAndGradientsFlow) {
+bool kernels_built() {
+  return mixprec::models::kernels::cpu_isa() != mixprec::models::kernels::Isa::kNone;
+}
+
+// Norm-wise relative errors of the output and of the three input gradients (for a fixed random
+// output gradient) against fp64 LibTorch.
+std::vector<double> errors(const std::vector<torch::Tensor>& inputs, bool causal,
+                           AttentionKernel kernel) {
+  auto run = [&](torch::ScalarType dtype, bool reference) {
+    std::vector<torch::Tensor> in;
+    for (const auto& t : inputs) in.push_back(t.to(dtype).detach().requires_grad_());
+    auto out = reference ? at::scaled_dot_product_attention(in[0], in[1], in[2], {}, 0.0, causal)
+                         : scaled_dot_product_attention(in[0], in[1], in[2], 0.0, causal, kernel);
+    EXPECT_EQ(out.scalar_type(), dtype);
+    torch::manual_seed(1);
+    out.backward(torch::randn_like(out, torch::kFloat).to(dtype));
+    std::vector<torch::Tensor> r{out.to(torch::kDouble)};
+    for (const auto& t : in) r.push_back(t.grad().to(torch::kDouble));
+    return r;
+  };
+  const auto exact = run(torch::kDouble, true);
+  const auto got = run(inputs[0].scalar_type(), false);
+  std::vector<double> e;
+  for (size_t i = 0; i < exact.size(); ++i)
+    e.push_back(((got[i] - exact[i]).norm() / exact[i].norm()).item<double>());
+  return e;
+}
+
+TEST(Attention, Fp32FlashRoundsTheExactResultOnceAndGradientsFlow) {
   torch::manual_seed(0);
   for (auto dtype : {torch::kBFloat16, torch::kHalf}) {
     auto in = qkv(64, dtype);
     for (auto& t : in) t.requires_grad_();
     auto out = scaled_dot_product_attention(in[0], in[1], in[2], 0.0, /*is_causal=*/true,
-                                            AttentionPrecision::kFp32);
+                                            AttentionKernel::kFlashFp32);
     auto exact =
         at::scaled_dot_product_attention(in[0].to(torch::kDouble), in[1].to(torch::kDouble),
                                          in[2].to(torch::kDouble), {}, 0.0, true);
@@ -44,24 +77,96 @@ TEST(Attention, Fp32PrecisionRoundsTheExactResultOnceAndGradientsFlow) {
   }
 }
 
-TEST(Attention, AutoFollowsTheRuleAndAutocastDoesNotRecastTheFp32Call) {
+// The matmul kernel against fp64, output and gradients, causal or not, as many keys as queries
+// or more (causal: PyTorch's top-left alignment), lengths that are no multiple of a vector: as
+// accurate as LibTorch's flash kernel in the same dtype (fp32 or bf16), and within fp32's
+// accuracy for fp16 inputs, which it computes in fp32.
+TEST(Attention, MatmulKernelIsAsAccurateAsFlash) {
+  if (!kernels_built()) GTEST_SKIP() << "no AVX2/AVX-512 kernels on this CPU";
   torch::manual_seed(0);
-  auto run = [](const std::vector<torch::Tensor>& in, AttentionPrecision p) {
-    return scaled_dot_product_attention(in[0], in[1], in[2], 0.0, true, p);
+  for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
+    for (bool causal : {true, false})
+      for (auto [T, Tk] : {std::pair<int64_t, int64_t>{37, 37}, {64, 64}, {23, 70}}) {
+        auto in = qkv(T, dtype, Tk);
+        for (auto& t : in) t.mul_(2);  // scores of a few units: a peaked softmax
+        const auto matmul = errors(in, causal, AttentionKernel::kMatmul);
+        const auto flash =
+            errors(in, causal,
+                   dtype == torch::kHalf ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash);
+        for (size_t i = 0; i < matmul.size(); ++i) {
+          SCOPED_TRACE(::testing::Message() << dtype << " causal " << causal << " T " << T << " Tk "
+                                            << Tk << " tensor " << i);
+          // bf16: its output rounds the normalized probabilities where flash rounds exp(s - max),
+          // whose largest entry is exactly 1 (1.3x the error, both about one bf16 rounding).
+          // fp16 in and out: one fp16 rounding of output and gradients, as kFlashFp32.
+          const double bound =
+              dtype == torch::kFloat ? 1e-5 : (i == 0 ? 1.5 : 1.25) * flash[i] + 1e-6;
+          EXPECT_LE(matmul[i], bound) << "flash: " << flash[i];
+        }
+      }
+}
+
+TEST(Attention, MatmulKernelRejectsWhatItCannotRun) {
+  if (!kernels_built()) GTEST_SKIP() << "no AVX2/AVX-512 kernels on this CPU";
+  auto in = qkv(8, torch::kFloat);
+  try {
+    scaled_dot_product_attention(in[0], in[1], in[2], 0.1, true, AttentionKernel::kMatmul);
+    FAIL() << "dropout was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("dropout_p 0.1"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+  EXPECT_THROW(
+      scaled_dot_product_attention(in[0].to(torch::kDouble), in[1].to(torch::kDouble),
+                                   in[2].to(torch::kDouble), 0.0, true, AttentionKernel::kMatmul),
+      c10::Error);
+  // kAuto falls back to a LibTorch kernel where the matmul one cannot run (dropout).
+  EXPECT_NE(mixprec::models::choose_attention_kernel(in[0], in[1], 0.1), AttentionKernel::kMatmul);
+}
+
+TEST(Attention, AutoRunsTheKernelTheRuleNamesAndAutocastDoesNotRecastFp32Work) {
+  torch::manual_seed(0);
+  using mixprec::models::choose_attention_kernel;
+  const bool amx = mixprec::models::kernels::cpu_has_amx_bf16();
+  const bool matmul = kernels_built() && !amx;
+  auto short_bf16 = qkv(128, torch::kBFloat16), mid_bf16 = qkv(160, torch::kBFloat16);
+  auto long_bf16 = qkv(320, torch::kBFloat16), mid_fp16 = qkv(160, torch::kHalf);
+  auto short_fp32 = qkv(64, torch::kFloat), mid_fp32 = qkv(160, torch::kFloat);
+  auto rule = [&](const std::vector<torch::Tensor>& in) {
+    return choose_attention_kernel(in[0], in[1], 0.0);
   };
-  auto short_bf16 = qkv(128, torch::kBFloat16), long_bf16 = qkv(160, torch::kBFloat16);
-  auto long_fp16 = qkv(160, torch::kHalf), fp32 = qkv(64, torch::kFloat);
-  auto short_fp32 = run(short_bf16, AttentionPrecision::kFp32);
-  ASSERT_FALSE(same(short_fp32, run(short_bf16, AttentionPrecision::kNative)));  // they differ
-  EXPECT_TRUE(same(run(short_bf16, AttentionPrecision::kAuto), short_fp32));
-  EXPECT_TRUE(
-      same(run(long_bf16, AttentionPrecision::kAuto), run(long_bf16, AttentionPrecision::kNative)));
-  EXPECT_TRUE(
-      same(run(long_fp16, AttentionPrecision::kAuto), run(long_fp16, AttentionPrecision::kFp32)));
-  EXPECT_TRUE(same(run(fp32, AttentionPrecision::kFp32), run(fp32, AttentionPrecision::kNative)));
+  // The tables in attention.h.
+  EXPECT_EQ(rule(short_bf16), matmul ? AttentionKernel::kMatmul : AttentionKernel::kFlashFp32);
+  EXPECT_EQ(rule(mid_bf16), matmul ? AttentionKernel::kMatmul
+                            : amx  ? AttentionKernel::kFlash
+                                   : AttentionKernel::kFlashFp32);
+  EXPECT_EQ(rule(long_bf16), AttentionKernel::kFlash);
+  EXPECT_EQ(rule(mid_fp16), AttentionKernel::kFlashFp32);
+  EXPECT_EQ(rule(short_fp32), matmul ? AttentionKernel::kMatmul : AttentionKernel::kFlash);
+  EXPECT_EQ(rule(mid_fp32), AttentionKernel::kFlash);
+
+  auto run = [](const std::vector<torch::Tensor>& in, AttentionKernel k) {
+    return scaled_dot_product_attention(in[0], in[1], in[2], 0.0, true, k);
+  };
+  for (const auto* in : {&short_bf16, &mid_bf16, &long_bf16, &mid_fp16, &short_fp32})
+    EXPECT_TRUE(same(run(*in, AttentionKernel::kAuto), run(*in, rule(*in))));
+  // The kernels do differ (else the checks above could not fail).
+  ASSERT_FALSE(
+      same(run(short_bf16, AttentionKernel::kFlashFp32), run(short_bf16, AttentionKernel::kFlash)));
+  if (matmul) {
+    ASSERT_FALSE(same(run(short_bf16, AttentionKernel::kMatmul),
+                      run(short_bf16, AttentionKernel::kFlashFp32)));
+  }
   // Under bf16 autocast, fp32 compute is still fp32 compute (same bits as outside it).
+  const auto flash_fp32 = run(short_bf16, AttentionKernel::kFlashFp32);
+  const auto matmul_out = matmul ? run(short_bf16, AttentionKernel::kMatmul) : torch::Tensor();
+  const auto fp32_out = run(short_fp32, AttentionKernel::kAuto);
   mixprec::amp::Autocast autocast(torch::kCPU, torch::kBFloat16);
-  EXPECT_TRUE(same(run(short_bf16, AttentionPrecision::kFp32), short_fp32));
+  EXPECT_TRUE(same(run(short_bf16, AttentionKernel::kFlashFp32), flash_fp32));
+  if (matmul) {
+    EXPECT_TRUE(same(run(short_bf16, AttentionKernel::kMatmul), matmul_out));
+  }
+  EXPECT_TRUE(same(run(short_fp32, rule(short_fp32)), fp32_out));
 }
 
 }  // namespace

@@ -4,20 +4,28 @@
 
 namespace mixprec::models {
 
-/// In which precision `scaled_dot_product_attention` computes 16-bit inputs.
-enum class AttentionPrecision {
-  kAuto,    ///< the faster of the two on this shape and dtype (the rule below)
-  kNative,  ///< LibTorch's kernel in the inputs' dtype (what PyTorch runs)
-  kFp32,    ///< LibTorch's kernel in fp32 on the exactly up-cast inputs, output rounded once
+/// Which kernel `scaled_dot_product_attention` runs.
+enum class AttentionKernel {
+  kAuto,       ///< the fastest for this CPU, shape and dtype (the rule below)
+  kFlash,      ///< LibTorch's kernel in the inputs' dtype (what PyTorch runs)
+  kFlashFp32,  ///< LibTorch's kernel in fp32 on the exactly up-cast inputs, output rounded once
+  kMatmul,     ///< mixprec's: two GEMMs with a fused softmax between them (CPU, no dropout)
 };
 
-/// `at::scaled_dot_product_attention` (causal or not, dropout) where the precision of 16-bit
-/// CPU inputs is chosen for speed; fp32 inputs and other devices always run LibTorch's kernel
-/// as is. The output has the inputs' dtype either way, and kFp32 is at least as accurate
-/// (it rounds once, where the 16-bit kernel rounds its intermediate blocks).
+/// `at::scaled_dot_product_attention` (causal or not, dropout; default scale) with the kernel
+/// chosen for speed; on other devices and dtypes than fp32/bf16/fp16, LibTorch's kernel as is.
+/// Every kernel returns the inputs' dtype. kFlashFp32 rounds once. kMatmul computes the scores
+/// and their gradient in fp32 (GEMMs on the exact up-casts, as the flash kernels accumulate
+/// them), rounds the probabilities to bf16 for the GEMMs with them as LibTorch's bf16 kernel
+/// does, and runs fp16 inputs in fp32 throughout. Tested against fp64 (attention_test.cpp):
+/// for bf16, gradients as accurate as LibTorch's bf16 kernel, the output within 1.5x its error
+/// (it rounds normalized probabilities where flash rounds exp(s - max), exactly 1 at the max).
+/// kMatmul keeps the (B, heads, Lq, Lk) probabilities for backward, so kAuto picks it for short
+/// sequences only.
 ///
-/// The kAuto rule, from forward + backward timings of LibTorch 2.13's CPU flash attention on
-/// this project's machine (Xeon with AVX512-BF16/FP16 and AMX-BF16, 2 threads; causal, ms):
+/// kAuto's rule comes from forward + backward timings (ms, causal, 2 threads, LibTorch 2.13;
+/// `build/bench/attention_bench --reps 11`). On the Xeon with AMX-BF16 this project ran on
+/// first (flash kernels only; the matmul one came later and was not timed there):
 ///
 ///   (B, heads, T, head dim)   bf16   fp32 on bf16   fp16   fp32 on fp16
 ///   (8, 4, 128, 32)           5.1    1.7            5.7    2.0
@@ -25,11 +33,25 @@ enum class AttentionPrecision {
 ///   (8, 8, 512, 64)           44.3   69.9           86.5   70.6
 ///   (4, 12, 1024, 64)         87.7   151.8          148.5  138.4
 ///
-/// so fp16 always runs in fp32, and bf16 runs in fp32 up to T = 128 (the 16-bit kernels' fixed
-/// costs dominate short sequences) and natively above. Under autocast the fp32 call is made
-/// with autocast off for that op, so it is not cast back to 16 bits.
+/// On an AMD EPYC (Zen 5: AVX512-BF16, no AMX), flash / flash on fp32 / matmul:
+///
+///   (B, heads, T, head dim)   fp32                bf16                fp16
+///   (8, 4, 128, 32)           3.2 / 3.4 / 2.0     9.0 / 4.2 / 1.9     13.0 / 2.5 / 1.9
+///   (8, 8, 256, 64)           29.9 / 29.7 / 30.6  31.4 / 32.0 / 22.3  192 / 33.1 / 31.6
+///   (8, 8, 512, 64)           125 / 130 / 145     122 / 135 / 157     846 / 130 / 166
+///   (4, 12, 1024, 64)         225 / 236 / 416     191 / 230 / 462     1711 / 239 / 410
+///
+/// So, with AMX-BF16 (LibTorch's bf16 kernels run on it): fp32 as is, fp16 in fp32, bf16 in
+/// fp32 up to T = 128 and natively above. Without: kMatmul up to T = 128 in every dtype and up
+/// to 256 in bf16; above that fp32 and bf16 as is, fp16 in fp32 (and bf16 in fp32 up to 256
+/// where kMatmul cannot run, e.g. with dropout). T is the longer of queries and keys. Under
+/// autocast the kernels run with autocast off, so fp32 work is not cast back to 16 bits.
 at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key,
                                         const at::Tensor& value, double dropout_p, bool is_causal,
-                                        AttentionPrecision precision = AttentionPrecision::kAuto);
+                                        AttentionKernel kernel = AttentionKernel::kAuto);
+
+/// The kernel kAuto runs for these inputs on this CPU (the rule above).
+AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tensor& key,
+                                        double dropout_p);
 
 }  // namespace mixprec::models

@@ -4,6 +4,7 @@
 // instruction set (CMakeLists.txt); models/cross_entropy.cpp picks one at run
 // time.
 #include "models/kernels/cross_entropy.h"
+#include "models/kernels/dispatch.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -20,28 +21,12 @@ using Vec = at::vec::Vectorized<float>;
 // Rows per task: about 32k elements.
 int64_t grain(int64_t C) { return std::max<int64_t>(1, 32768 / std::max<int64_t>(C, 1)); }
 
-// f(T{}) with T the C++ type of dtype.
-template <typename F>
-void dispatch(at::ScalarType dtype, F f) {
-  switch (dtype) {
-    case at::kFloat:
-      return f(float{});
-    case at::kBFloat16:
-      return f(at::BFloat16{});
-    case at::kHalf:
-      return f(at::Half{});
-    default:
-      TORCH_CHECK(false, "cross_entropy: no kernel for ", dtype,
-                  " (models/cross_entropy.cpp runs LibTorch's ops for it)");
-  }
-}
-
 }  // namespace
 
 void cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets,
                            int64_t ignore_index, const at::Tensor& lse, const at::Tensor& loss) {
   const int64_t N = logits.size(0), C = logits.size(1);
-  dispatch(logits.scalar_type(), [&](auto zero) {
+  dispatch_float_types(logits.scalar_type(), "cross_entropy", [&](auto zero) {
     using T = decltype(zero);
     const auto* x = logits.const_data_ptr<T>();
     const auto* t = targets.const_data_ptr<int64_t>();
@@ -66,7 +51,7 @@ void cross_entropy_backward(const at::Tensor& logits, const at::Tensor& targets,
                             int64_t ignore_index, const at::Tensor& lse, float scale,
                             const at::Tensor& grad) {
   const int64_t N = logits.size(0), C = logits.size(1);
-  dispatch(logits.scalar_type(), [&](auto zero) {
+  dispatch_float_types(logits.scalar_type(), "cross_entropy", [&](auto zero) {
     using T = decltype(zero);
     const auto* x = logits.const_data_ptr<T>();
     const auto* t = targets.const_data_ptr<int64_t>();

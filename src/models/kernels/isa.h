@@ -6,6 +6,10 @@
 
 #include <string>
 
+#if defined(__x86_64__)
+#include <cpuid.h>
+#endif
+
 namespace mixprec::models::kernels {
 
 enum class Isa { kNone, kAvx2, kAvx512 };
@@ -19,6 +23,17 @@ inline Isa cpu_isa() {
   return isa;
 #else
   return Isa::kNone;
+#endif
+}
+
+// Whether the CPU has AMX-BF16 (CPUID leaf 7, EDX bit 22), on which LibTorch's own
+// 16-bit kernels (oneDNN's) change speed class.
+inline bool cpu_has_amx_bf16() {
+#if defined(__x86_64__)
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  return __get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) && ((edx >> 22) & 1u);
+#else
+  return false;
 #endif
 }
 

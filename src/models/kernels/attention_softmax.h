@@ -1,0 +1,31 @@
+// The softmax kernels of the matmul attention (models/attention.cpp), one
+// namespace per instruction set they are built for. Rows r of the (R, Lk)
+// matrices are query positions r % Lq; with causal, columns j > r % Lq are
+// masked (PyTorch's is_causal: top-left aligned). n(r) is the number of
+// columns a row keeps.
+//
+// forward: probs[r, j] = softmax_j(scale * scores[r, j]) over the kept
+// columns, 0 on masked ones. scores: contiguous fp32, overwritten; probs:
+// contiguous float, BFloat16 or Half (float: may be scores itself).
+// backward: grad_scores[r, j] = scale * probs[r, j] * (grad_probs[r, j] - D_r)
+// with D_r = sum_j probs[r, j] * grad_probs[r, j], computed in fp32 and
+// rounded once. grad_probs: contiguous fp32, overwritten; grad_scores:
+// contiguous, probs' dtype (float: may be grad_probs itself).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace mixprec::models::kernels {
+namespace avx2 {
+void attention_softmax_forward(const at::Tensor& scores, int64_t Lq, bool causal, float scale,
+                               const at::Tensor& probs);
+void attention_softmax_backward(const at::Tensor& probs, const at::Tensor& grad_probs, int64_t Lq,
+                                bool causal, float scale, const at::Tensor& grad_scores);
+}  // namespace avx2
+namespace avx512 {
+void attention_softmax_forward(const at::Tensor& scores, int64_t Lq, bool causal, float scale,
+                               const at::Tensor& probs);
+void attention_softmax_backward(const at::Tensor& probs, const at::Tensor& grad_probs, int64_t Lq,
+                                bool causal, float scale, const at::Tensor& grad_scores);
+}  // namespace avx512
+}  // namespace mixprec::models::kernels
