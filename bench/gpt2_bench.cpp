@@ -157,7 +157,10 @@ int main(int argc, char** argv) {
   bool profile = false;
   app.add_option("--size", size, "small: 2 x 128, T 128; large: 6 x 512, T 256 (B 8, V 4096)")
       ->check(CLI::IsMember({"small", "large"}));
-  app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  app.add_option("--precision", precision,
+                 "bf16-pure: the model in bf16, no autocast, AdamW with stochastic rounding "
+                 "(loop only)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "bf16-pure"}));
   app.add_option("--fast-path", fast_path, "mixprec's fp16 CPU fast path")
       ->check(CLI::IsMember({"auto", "on", "off"}));
   app.add_option("--level", level,
@@ -170,6 +173,12 @@ int main(int argc, char** argv) {
   app.add_flag("--profile", profile,
                "after the warm-up, print each op's self time in one step (LibTorch's profiler)");
   CLI11_PARSE(app, argc, argv);
+  const bool pure = precision == "bf16-pure";
+  if (pure && level != "loop") {
+    std::fprintf(stderr, "--precision bf16-pure runs at --level loop only, got --level %s\n",
+                 level.c_str());
+    return 2;
+  }
 
   using mixprec::amp::Fp16CpuPath;
   mixprec::amp::set_fp16_cpu_path(fast_path == "on"    ? Fp16CpuPath::kAlways
@@ -189,10 +198,13 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   mixprec::models::GPT2LMHeadModel model(config);
   const auto data = torch::randint(config.vocab_size, {4, batch, seq});  // (batches, B, T)
-  mixprec::optim::AdamW optimizer(model->parameters(),
-                                  mixprec::optim::AdamWOptions(3e-4).fused(true));
+  if (pure) model->to(torch::kBFloat16);
+  // Stochastic rounding has no fused kernel.
+  mixprec::optim::AdamW optimizer(
+      model->parameters(),
+      mixprec::optim::AdamWOptions(3e-4).fused(!pure).stochastic_rounding(pure));
   mixprec::amp::GradScaler scaler({.enabled = precision == "fp16"});
-  const bool autocast = precision != "fp32";
+  const bool autocast = precision == "bf16" || precision == "fp16";
   const auto dtype = precision == "fp16" ? torch::kHalf : torch::kBFloat16;
 
   const auto forward = [&](int64_t i) {

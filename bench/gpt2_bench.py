@@ -26,12 +26,16 @@ def activation_mb(forward):
 def main():
     p = argparse.ArgumentParser()
     p.add_argument("--size", choices=["small", "large"], default="small")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"], default="fp32")
+    p.add_argument("--precision", choices=["fp32", "bf16", "fp16", "bf16-pure"], default="fp32",
+                   help="bf16-pure: the model in bf16, no autocast, fused AdamW (round to nearest: "
+                   "PyTorch has no stochastic rounding); loop only")
     p.add_argument("--level", choices=["loop", "accelerator", "trainer"], default="loop")
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
     a = p.parse_args()
+    if a.precision == "bf16-pure" and a.level != "loop":
+        p.error("--precision bf16-pure runs at --level loop only")
 
     torch.set_num_threads(a.threads)
     large = a.size == "large"
@@ -42,6 +46,8 @@ def main():
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     model.train()
+    if a.precision == "bf16-pure":
+        model.to(torch.bfloat16)
     data = torch.randint(config.vocab_size, (4, batch, seq))
     optimizer = torch.optim.AdamW(model.parameters(), lr=3e-4, fused=True)
     scaler = torch.amp.GradScaler("cpu", enabled=a.precision == "fp16")
@@ -49,7 +55,7 @@ def main():
 
     def forward(i):
         ids = data[i % data.shape[0]]
-        with torch.autocast("cpu", dtype=dtype, enabled=a.precision != "fp32"):
+        with torch.autocast("cpu", dtype=dtype, enabled=a.precision in ("bf16", "fp16")):
             return model(input_ids=ids, labels=ids).loss
 
     def step(i):

@@ -78,6 +78,8 @@ GPT2_CONFIGS = [
     ("mixprec", "fp16", "on", "loop"),
     ("mixprec", "fp16", "off", "loop"),
     ("pytorch", "fp16", None, "loop"),
+    ("mixprec", "bf16-pure", None, "loop"),
+    ("pytorch", "bf16-pure", None, "loop"),
     ("mixprec", "fp32", None, "accelerator"),
     ("pytorch", "fp32", None, "accelerator"),
     ("mixprec", "bf16", None, "accelerator"),
@@ -197,7 +199,7 @@ def main_gpt2(args):
 
     def mfu(config):  # fp16: the fast path runs fp32 GEMMs, and without FP16 arithmetic LibTorch's
         v = median(config)  # fp16 mm is a scalar loop, no peak: the higher of the two
-        dtype = config[1]
+        dtype = config[1].removesuffix("-pure")
         if v is None or dtype not in peak:
             return "-"
         best = max(peak[dtype], peak.get("fp32", 0.0)) if dtype == "fp16" else peak[dtype]
@@ -211,7 +213,9 @@ def main_gpt2(args):
             ("fp16 + GradScaler, mixprec fast path on", ("mixprec", "fp16", "on", "loop"),
              ("pytorch", "fp16", None, "loop")),
             ("fp16 + GradScaler, fast path off (LibTorch's fp16 kernels)", ("mixprec", "fp16", "off", "loop"),
-             ("pytorch", "fp16", None, "loop"))]
+             ("pytorch", "fp16", None, "loop")),
+            ("pure bf16 (model in bf16, no autocast; AdamW: mixprec stochastic rounding, PyTorch fused)",
+             ("mixprec", "bf16-pure", None, "loop"), ("pytorch", "bf16-pure", None, "loop"))]
     for name, m, t in rows:
         mv, tv = median(m), median(t)
         ratio = "-" if mv is None or tv is None else f"{mv / tv:.2f}x"
@@ -242,14 +246,20 @@ def main_gpt2(args):
           "(HF's default) and shuffle; the loops do neither. HF Accelerate and the HF Trainer on a CPU train fp16 in "
           "fp32 (their final losses equal their fp32 runs'); mixprec's run fp16 autocast + GradScaler.")
 
-    def ratio(a, b):
-        va, vb = median(a), median(b)
+    def ratio(a, b, key="tokens_per_s"):
+        va, vb = median(a, key), median(b, key)
         return "-" if va is None or vb is None else f"{va / vb:.2f}"
 
     print(f"\nfp16 / fp32 tokens/s (medians): mixprec fast path on "
           f"{ratio(('mixprec', 'fp16', 'on', 'loop'), ('mixprec', 'fp32', None, 'loop'))}"
           f", fast path off {ratio(('mixprec', 'fp16', 'off', 'loop'), ('mixprec', 'fp32', None, 'loop'))}"
           f", PyTorch {ratio(('pytorch', 'fp16', None, 'loop'), ('pytorch', 'fp32', None, 'loop'))}.")
+    print()
+    for impl in ("mixprec", "pytorch"):
+        fp16 = ("mixprec", "fp16", "on", "loop") if impl == "mixprec" else ("pytorch", "fp16", None, "loop")
+        rss = lambda config: ratio(config, (impl, "fp32", None, "loop"), "peak_rss_mb")
+        print(f"Peak RSS / fp32's, {impl} loop (medians): bf16 mixed {rss((impl, 'bf16', None, 'loop'))}, "
+              f"fp16 mixed {rss(fp16)}, pure bf16 {rss((impl, 'bf16-pure', None, 'loop'))}.")
     if timed_out:
         print(f"\nTimed out (> {args.timeout:.0f} s), shown as -: "
               + ", ".join(" ".join(str(c) for c in config if c) for config in sorted(timed_out, key=str)) + ".")
@@ -274,7 +284,7 @@ PLOT_COLUMNS = [("mixprec", "loop", "mixprec loop", "#1f4e9c"), ("pytorch", "loo
 def plot_gpt2(path, size, median, note=""):
     """Tokens/s medians by precision, mixprec's three levels beside their Python twins."""
     rows = [("fp32", "fp32", None), ("bf16", "bf16", None), ("fp16 (fast path on)", "fp16", "on"),
-            ("fp16", "fp16", "off")]
+            ("fp16", "fp16", "off"), ("pure bf16", "bf16-pure", None)]
 
     def value(impl, level, precision, fast_path):
         if precision == "fp16" and (impl, level) == ("mixprec", "loop"):

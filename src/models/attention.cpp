@@ -8,8 +8,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "kernels/isa.h"
 #include "models/kernels/attention_softmax.h"
-#include "models/kernels/isa.h"
 
 namespace mixprec::models {
 namespace {
@@ -26,12 +26,12 @@ struct SoftmaxKernel {
 };
 
 SoftmaxKernel softmax_kernel() {
-  switch (kernels::cpu_isa()) {
+  switch (mixprec::kernels::cpu_isa()) {
 #ifdef MIXPREC_HAVE_X86_KERNELS
-    case kernels::Isa::kAvx512:
+    case mixprec::kernels::Isa::kAvx512:
       return {kernels::avx512::attention_softmax_forward,
               kernels::avx512::attention_softmax_backward};
-    case kernels::Isa::kAvx2:
+    case mixprec::kernels::Isa::kAvx2:
       return {kernels::avx2::attention_softmax_forward, kernels::avx2::attention_softmax_backward};
 #endif
     default:
@@ -113,7 +113,7 @@ AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tenso
   if (!query.is_cpu() || !(sixteen_bit || dtype == at::kFloat)) return AttentionKernel::kFlash;
   // The tables in attention.h.
   const int64_t T = std::max(query.size(-2), key.size(-2));
-  if (kernels::cpu_has_amx_bf16()) {
+  if (mixprec::kernels::cpu_has_amx_bf16()) {
     if (!sixteen_bit) return AttentionKernel::kFlash;
     return dtype == at::kHalf || T <= 128 ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash;
   }

@@ -4,8 +4,8 @@
 #include <ATen/record_function.h>
 #include <torch/autograd.h>
 
+#include "kernels/isa.h"
 #include "models/kernels/cross_entropy.h"
-#include "models/kernels/isa.h"
 
 namespace mixprec::models {
 namespace {
@@ -23,11 +23,11 @@ struct Kernel {
 };
 
 Kernel cpu_kernel() {
-  switch (kernels::cpu_isa()) {
+  switch (mixprec::kernels::cpu_isa()) {
 #ifdef MIXPREC_HAVE_X86_KERNELS
-    case kernels::Isa::kAvx512:
+    case mixprec::kernels::Isa::kAvx512:
       return {kernels::avx512::cross_entropy_forward, kernels::avx512::cross_entropy_backward};
-    case kernels::Isa::kAvx2:
+    case mixprec::kernels::Isa::kAvx2:
       return {kernels::avx2::cross_entropy_forward, kernels::avx2::cross_entropy_backward};
 #endif
     default:

@@ -4,8 +4,8 @@
 #include <ATen/record_function.h>
 #include <torch/autograd.h>
 
+#include "kernels/isa.h"
 #include "models/kernels/gelu_tanh.h"
-#include "models/kernels/isa.h"
 
 namespace mixprec::models {
 namespace {
@@ -20,11 +20,11 @@ struct Kernel {
 
 const Kernel& cpu_kernel() {
   static const Kernel kernel = []() -> Kernel {
-    switch (kernels::cpu_isa()) {
+    switch (mixprec::kernels::cpu_isa()) {
 #ifdef MIXPREC_HAVE_X86_KERNELS
-      case kernels::Isa::kAvx512:
+      case mixprec::kernels::Isa::kAvx512:
         return {"avx512", kernels::avx512::gelu_tanh_forward, kernels::avx512::gelu_tanh_backward};
-      case kernels::Isa::kAvx2:
+      case mixprec::kernels::Isa::kAvx2:
         return {"avx2", kernels::avx2::gelu_tanh_forward, kernels::avx2::gelu_tanh_backward};
 #endif
       default:

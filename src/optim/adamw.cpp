@@ -3,7 +3,13 @@
 #include "mixprec/optim/stochastic_rounding.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <torch/autograd.h>
+
+#include <mutex>
+
+#include "kernels/isa.h"
+#include "optim/kernels/adamw_bf16.h"
 
 #include <cmath>
 
@@ -20,6 +26,29 @@ void check_options(const AdamWOptions& o) {
   TORCH_CHECK(o.weight_decay() >= 0, "Invalid weight_decay value: ", o.weight_decay());
   TORCH_CHECK(!(o.fused() && o.stochastic_rounding()),
               "mixprec::optim::AdamW: stochastic_rounding is not available with fused=true");
+}
+
+using StochasticKernel = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                                  const at::Tensor&, const kernels::AdamWStep&, uint64_t);
+
+StochasticKernel stochastic_kernel() {
+  switch (mixprec::kernels::cpu_isa()) {
+#ifdef MIXPREC_HAVE_X86_KERNELS
+    case mixprec::kernels::Isa::kAvx512:
+      return kernels::avx512::adamw_bf16_stochastic;
+    case mixprec::kernels::Isa::kAvx2:
+      return kernels::avx2::adamw_bf16_stochastic;
+#endif
+    default:
+      return nullptr;
+  }
+}
+
+// 64 random bits from LibTorch's default CPU generator (torch::manual_seed repeats them).
+uint64_t random_seed() {
+  auto generator = at::detail::getDefaultCPUGenerator();
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  return at::check_generator<at::CPUGeneratorImpl>(generator)->random64();
 }
 
 }  // namespace
@@ -106,6 +135,27 @@ void AdamW::single_tensor_step(torch::optim::OptimizerParamGroup& group) {
     if (o.amsgrad() && !state.max_exp_avg_sq().defined())
       state.max_exp_avg_sq(at::zeros_like(stored, at::MemoryFormat::Preserve));
     const bool rounded = o.stochastic_rounding() && stored.scalar_type() == at::kBFloat16;
+    const auto dense_bf16 = [](const at::Tensor& t) {
+      return t.is_cpu() && t.scalar_type() == at::kBFloat16 && t.is_contiguous();
+    };
+    if (rounded && !o.amsgrad() && stochastic_kernel() && dense_bf16(stored) &&
+        dense_bf16(stored.grad()) && dense_bf16(state.exp_avg()) &&
+        dense_bf16(state.exp_avg_sq())) {
+      state.step().add_(1);
+      const double step = state.step().item<double>();
+      const kernels::AdamWStep s{
+          .lr = static_cast<float>(o.lr()),
+          .beta1 = static_cast<float>(beta1),
+          .beta2 = static_cast<float>(beta2),
+          .weight_decay = static_cast<float>(o.weight_decay()),
+          .eps = static_cast<float>(o.eps()),
+          .step_size = static_cast<float>(o.lr() / (1 - std::pow(beta1, step))),
+          .bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(beta2, step))),
+          .maximize = o.maximize()};
+      stochastic_kernel()(stored, stored.grad(), state.exp_avg(), state.exp_avg_sq(), s,
+                          random_seed());
+      continue;
+    }
     auto work = [&](const at::Tensor& t) { return rounded ? t.to(at::kFloat) : t; };
     at::Tensor param = work(stored), exp_avg = work(state.exp_avg()),
                exp_avg_sq = work(state.exp_avg_sq());

@@ -7,7 +7,7 @@
 
 #include <cmath>
 
-#include "models/kernels/isa.h"
+#include "kernels/isa.h"
 
 namespace {
 
@@ -25,9 +25,7 @@ bool same(const torch::Tensor& a, const torch::Tensor& b) {
   return a.scalar_type() == b.scalar_type() && torch::equal(a, b);
 }
 
-bool kernels_built() {
-  return mixprec::models::kernels::cpu_isa() != mixprec::models::kernels::Isa::kNone;
-}
+bool kernels_built() { return mixprec::kernels::cpu_isa() != mixprec::kernels::Isa::kNone; }
 
 // Norm-wise relative errors of the output and of the three input gradients (for a fixed random
 // output gradient) against fp64 LibTorch.
@@ -127,7 +125,7 @@ TEST(Attention, MatmulKernelRejectsWhatItCannotRun) {
 TEST(Attention, AutoRunsTheKernelTheRuleNamesAndAutocastDoesNotRecastFp32Work) {
   torch::manual_seed(0);
   using mixprec::models::choose_attention_kernel;
-  const bool amx = mixprec::models::kernels::cpu_has_amx_bf16();
+  const bool amx = mixprec::kernels::cpu_has_amx_bf16();
   const bool matmul = kernels_built() && !amx;
   auto short_bf16 = qkv(128, torch::kBFloat16), mid_bf16 = qkv(160, torch::kBFloat16);
   auto long_bf16 = qkv(320, torch::kBFloat16), mid_fp16 = qkv(160, torch::kHalf);

@@ -78,4 +78,65 @@ TEST(StochasticRounding, PureBf16AdamWTracksFp32WhereRoundToNearestStalls) {
             std::string::npos);
 }
 
+// One pure-bf16 AdamW step (the one-pass CPU kernel where it runs) against the step computed
+// in fp64 from the same bf16 values: every result is one of the two bf16 neighbours of the
+// exact value, each tensor's mean is the exact mean (the rounding is unbiased: 5 standard
+// errors), the same seed gives the same bits whatever the thread count, NaN stays NaN.
+TEST(StochasticRounding, PureBf16AdamWStepRoundsTheExactStepUnbiased) {
+  const int64_t n = 1 << 16;
+  const double lr = 1e-3, wd = 0.01, beta1 = 0.9, beta2 = 0.999, eps = 1e-8;
+  torch::manual_seed(0);
+  const auto p0 = (1 + 0.1 * torch::randn({n})).to(torch::kBFloat16);
+  const auto g0 = torch::randn({n}).to(torch::kBFloat16);
+  auto run = [&](int threads, uint64_t seed) {
+    torch::set_num_threads(threads);
+    torch::manual_seed(seed);
+    auto param = p0.clone().requires_grad_();
+    mixprec::optim::AdamW opt(
+        {param}, mixprec::optim::AdamWOptions(lr).weight_decay(wd).stochastic_rounding(true));
+    param.mutable_grad() = g0.clone();
+    opt.step();
+    const auto& state = static_cast<const mixprec::optim::AdamWParamState&>(
+        *opt.state().at(param.unsafeGetTensorImpl()));
+    return std::vector<torch::Tensor>{param.detach().clone(), state.exp_avg().clone(),
+                                      state.exp_avg_sq().clone()};
+  };
+  const auto got = run(2, 1);
+  // fp64 from the same bf16 inputs (step 1: bias corrections 1 - beta).
+  const auto p = p0.to(torch::kDouble), g = g0.to(torch::kDouble);
+  const auto m = (1 - beta1) * g, v = (1 - beta2) * g * g;
+  const auto exact_p =
+      p * (1 - lr * wd) - (lr / (1 - beta1)) * m / (v.sqrt() / std::sqrt(1 - beta2) + eps);
+  const std::vector<torch::Tensor> exact{exact_p, m, v};
+  for (size_t k = 0; k < exact.size(); ++k) {
+    SCOPED_TRACE(k);
+    const auto r = got[k].to(torch::kDouble), x = exact[k];
+    // The bf16 neighbours of x: x rounded toward zero and the next one away from it.
+    const auto down = x.to(torch::kFloat)
+                          .view(torch::kInt)
+                          .bitwise_and(0xFFFF0000)
+                          .view(torch::kFloat)
+                          .to(torch::kDouble);
+    const auto ulp = (down.abs() * std::ldexp(1.0, -7)).clamp_min(1e-40);  // >= a bf16 ulp
+    EXPECT_TRUE((r - x).abs().le(ulp * 1.0001).all().item<bool>());
+    // Unbiased: mean error in ulps, each error of variance <= 1/4 ulp^2.
+    const double mean_ulps = ((r - x) / ulp).mean().item<double>();
+    EXPECT_LE(std::abs(mean_ulps), 5 * 0.5 / std::sqrt(static_cast<double>(n))) << mean_ulps;
+    // Not round-to-nearest: some values went the far way.
+    EXPECT_GT(((r - x).abs() > 0.5 * ulp * 1.0001).sum().item<int64_t>(), n / 20);
+  }
+  const auto one_thread = run(1, 1);
+  for (size_t k = 0; k < got.size(); ++k) EXPECT_TRUE(torch::equal(got[k], one_thread[k])) << k;
+  EXPECT_FALSE(torch::equal(got[0], run(2, 2)[0]));  // another seed, other roundings
+  torch::set_num_threads(2);
+
+  auto param = torch::ones({40}, torch::kBFloat16).requires_grad_();
+  mixprec::optim::AdamW opt({param}, mixprec::optim::AdamWOptions(lr).stochastic_rounding(true));
+  param.mutable_grad() = torch::ones({40}, torch::kBFloat16);
+  param.mutable_grad()[3] = std::nan("");
+  opt.step();
+  EXPECT_TRUE(std::isnan(param[3].item<float>()));
+  EXPECT_EQ(param.isnan().sum().item<int64_t>(), 1);
+}
+
 }  // namespace

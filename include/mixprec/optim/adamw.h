@@ -24,7 +24,10 @@ struct AdamWOptions : public torch::optim::OptimizerCloneableOptions<AdamWOption
   TORCH_ARG(bool, fused) = false;
   /// Pure bf16 training (Lightning's "bf16-true"): bf16 parameters and states
   /// are updated in fp32 and rounded back stochastically (stochastic_rounding.h),
-  /// so updates below half a bf16 ulp are not lost. Not with `fused`.
+  /// so updates below half a bf16 ulp are not lost. Not with `fused`; on the CPU,
+  /// dense bf16 tensors (no amsgrad) take one vectorized pass per tensor anyway
+  /// (src/optim/kernels/adamw_bf16.cpp, random bits hashed from a seed drawn
+  /// from LibTorch's default generator), others LibTorch's ops.
   TORCH_ARG(bool, stochastic_rounding) = false;
 
  public:

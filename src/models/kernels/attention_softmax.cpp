@@ -4,7 +4,7 @@
 // LibTorch's ops would make four passes and a mask. Built once per instruction
 // set (CMakeLists.txt).
 #include "models/kernels/attention_softmax.h"
-#include "models/kernels/dispatch.h"
+#include "kernels/dispatch.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -44,7 +44,7 @@ void attention_softmax_forward(const at::Tensor& scores, int64_t Lq, bool causal
                                const at::Tensor& probs) {
   const int64_t Lk = scores.size(-1), R = scores.numel() / Lk;
   float* s = scores.data_ptr<float>();
-  dispatch_float_types(probs.scalar_type(), "attention softmax", [&](auto zero) {
+  mixprec::kernels::dispatch_float_types(probs.scalar_type(), "attention softmax", [&](auto zero) {
     using T = decltype(zero);
     T* p = probs.data_ptr<T>();
     at::parallel_for(0, R, grain(Lk), [&](int64_t begin, int64_t end) {
@@ -75,7 +75,7 @@ void attention_softmax_backward(const at::Tensor& probs, const at::Tensor& grad_
                                 bool causal, float scale, const at::Tensor& grad_scores) {
   const int64_t Lk = probs.size(-1), R = probs.numel() / Lk;
   float* dp = grad_probs.data_ptr<float>();
-  dispatch_float_types(probs.scalar_type(), "attention softmax", [&](auto zero) {
+  mixprec::kernels::dispatch_float_types(probs.scalar_type(), "attention softmax", [&](auto zero) {
     using T = decltype(zero);
     const T* p = probs.const_data_ptr<T>();
     T* ds = grad_scores.data_ptr<T>();

@@ -4,7 +4,7 @@
 // instruction set (CMakeLists.txt); models/cross_entropy.cpp picks one at run
 // time.
 #include "models/kernels/cross_entropy.h"
-#include "models/kernels/dispatch.h"
+#include "kernels/dispatch.h"
 
 #include <ATen/Parallel.h>
 #include <ATen/cpu/vec/functional.h>
@@ -26,7 +26,7 @@ int64_t grain(int64_t C) { return std::max<int64_t>(1, 32768 / std::max<int64_t>
 void cross_entropy_forward(const at::Tensor& logits, const at::Tensor& targets,
                            int64_t ignore_index, const at::Tensor& lse, const at::Tensor& loss) {
   const int64_t N = logits.size(0), C = logits.size(1);
-  dispatch_float_types(logits.scalar_type(), "cross_entropy", [&](auto zero) {
+  mixprec::kernels::dispatch_float_types(logits.scalar_type(), "cross_entropy", [&](auto zero) {
     using T = decltype(zero);
     const auto* x = logits.const_data_ptr<T>();
     const auto* t = targets.const_data_ptr<int64_t>();
@@ -51,7 +51,7 @@ void cross_entropy_backward(const at::Tensor& logits, const at::Tensor& targets,
                             int64_t ignore_index, const at::Tensor& lse, float scale,
                             const at::Tensor& grad) {
   const int64_t N = logits.size(0), C = logits.size(1);
-  dispatch_float_types(logits.scalar_type(), "cross_entropy", [&](auto zero) {
+  mixprec::kernels::dispatch_float_types(logits.scalar_type(), "cross_entropy", [&](auto zero) {
     using T = decltype(zero);
     const auto* x = logits.const_data_ptr<T>();
     const auto* t = targets.const_data_ptr<int64_t>();

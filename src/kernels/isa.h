@@ -1,4 +1,4 @@
-// Which build of the kernels in models/kernels/ runs here: the one for
+// Which build of the kernels in */kernels/ runs here: the one for
 // LibTorch's CPU capability (so ATEN_CPU_CAPABILITY lowers it too).
 #pragma once
 
@@ -10,7 +10,7 @@
 #include <cpuid.h>
 #endif
 
-namespace mixprec::models::kernels {
+namespace mixprec::kernels {
 
 enum class Isa { kNone, kAvx2, kAvx512 };
 
@@ -37,4 +37,4 @@ inline bool cpu_has_amx_bf16() {
 #endif
 }
 
-}  // namespace mixprec::models::kernels
+}  // namespace mixprec::kernels

@@ -1,9 +1,9 @@
-// The dtype switch of the kernels in models/kernels/.
+// The dtype switch of the kernels in */kernels/.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
-namespace mixprec::models::kernels {
+namespace mixprec::kernels {
 
 // f(T{}) with T the C++ type of dtype: float, BFloat16 or Half.
 template <typename F>
@@ -20,4 +20,4 @@ void dispatch_float_types(at::ScalarType dtype, const char* kernel, F f) {
   }
 }
 
-}  // namespace mixprec::models::kernels
+}  // namespace mixprec::kernels
