@@ -4,14 +4,14 @@
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/record_function.h>
 #include <torch/autograd.h>
 
+#include <cmath>
 #include <mutex>
 
 #include "kernels/isa.h"
 #include "optim/kernels/adamw_bf16.h"
-
-#include <cmath>
 
 namespace mixprec::optim {
 
@@ -152,6 +152,7 @@ void AdamW::single_tensor_step(torch::optim::OptimizerParamGroup& group) {
           .step_size = static_cast<float>(o.lr() / (1 - std::pow(beta1, step))),
           .bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(beta2, step))),
           .maximize = o.maximize()};
+      RECORD_FUNCTION("mixprec::adamw_bf16_stochastic", std::vector<c10::IValue>());
       stochastic_kernel()(stored, stored.grad(), state.exp_avg(), state.exp_avg_sq(), s,
                           random_seed());
       continue;

@@ -84,7 +84,8 @@ TEST(Attention, MatmulKernelIsAsAccurateAsFlash) {
   torch::manual_seed(0);
   for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
     for (bool causal : {true, false})
-      for (auto [T, Tk] : {std::pair<int64_t, int64_t>{37, 37}, {64, 64}, {23, 70}}) {
+      for (auto [T, Tk] :
+           {std::pair<int64_t, int64_t>{37, 37}, {64, 64}, {23, 70}, {600, 600}, {300, 1100}}) {
         auto in = qkv(T, dtype, Tk);
         for (auto& t : in) t.mul_(2);  // scores of a few units: a peaked softmax
         const auto matmul = errors(in, causal, AttentionKernel::kMatmul);

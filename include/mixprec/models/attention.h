@@ -20,8 +20,8 @@ enum class AttentionKernel {
 /// does, and runs fp16 inputs in fp32 throughout. Tested against fp64 (attention_test.cpp):
 /// for bf16, gradients as accurate as LibTorch's bf16 kernel, the output within 1.5x its error
 /// (it rounds normalized probabilities where flash rounds exp(s - max), exactly 1 at the max).
-/// kMatmul keeps the (B, heads, Lq, Lk) probabilities for backward, so kAuto picks it for short
-/// sequences only.
+/// kMatmul keeps the (B, heads, Lq, Lk) probabilities for backward (and makes the scores and
+/// their gradient in fp32 whole, for a moment), so kAuto picks it for short sequences only.
 ///
 /// kAuto's rule comes from forward + backward timings (ms, causal, 2 threads, LibTorch 2.13;
 /// `build/bench/attention_bench --reps 11`). On the Xeon with AMX-BF16 this project ran on
