@@ -26,17 +26,13 @@ struct SoftmaxKernel {
 };
 
 SoftmaxKernel softmax_kernel() {
-  switch (mixprec::kernels::cpu_isa()) {
 #ifdef MIXPREC_HAVE_X86_KERNELS
-    case mixprec::kernels::Isa::kAvx512:
-      return {kernels::avx512::attention_softmax_forward,
-              kernels::avx512::attention_softmax_backward};
-    case mixprec::kernels::Isa::kAvx2:
-      return {kernels::avx2::attention_softmax_forward, kernels::avx2::attention_softmax_backward};
+  return mixprec::kernels::for_this_cpu<SoftmaxKernel>(
+      {kernels::avx512::attention_softmax_forward, kernels::avx512::attention_softmax_backward},
+      {kernels::avx2::attention_softmax_forward, kernels::avx2::attention_softmax_backward}, {});
+#else
+  return {};
 #endif
-    default:
-      return {};
-  }
 }
 
 // SDPA's default: 1 / sqrt(head dim).

@@ -23,16 +23,13 @@ struct Kernel {
 };
 
 Kernel cpu_kernel() {
-  switch (mixprec::kernels::cpu_isa()) {
 #ifdef MIXPREC_HAVE_X86_KERNELS
-    case mixprec::kernels::Isa::kAvx512:
-      return {kernels::avx512::cross_entropy_forward, kernels::avx512::cross_entropy_backward};
-    case mixprec::kernels::Isa::kAvx2:
-      return {kernels::avx2::cross_entropy_forward, kernels::avx2::cross_entropy_backward};
+  return mixprec::kernels::for_this_cpu<Kernel>(
+      {kernels::avx512::cross_entropy_forward, kernels::avx512::cross_entropy_backward},
+      {kernels::avx2::cross_entropy_forward, kernels::avx2::cross_entropy_backward}, {});
+#else
+  return {};
 #endif
-    default:
-      return {};
-  }
 }
 
 // The CPU kernels: two passes over the logits, nothing (N, C) kept but the logits themselves.

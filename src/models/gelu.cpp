@@ -20,16 +20,14 @@ struct Kernel {
 
 const Kernel& cpu_kernel() {
   static const Kernel kernel = []() -> Kernel {
-    switch (mixprec::kernels::cpu_isa()) {
+    const Kernel none{"libtorch", nullptr, nullptr};
 #ifdef MIXPREC_HAVE_X86_KERNELS
-      case mixprec::kernels::Isa::kAvx512:
-        return {"avx512", kernels::avx512::gelu_tanh_forward, kernels::avx512::gelu_tanh_backward};
-      case mixprec::kernels::Isa::kAvx2:
-        return {"avx2", kernels::avx2::gelu_tanh_forward, kernels::avx2::gelu_tanh_backward};
+    return mixprec::kernels::for_this_cpu<Kernel>(
+        {"avx512", kernels::avx512::gelu_tanh_forward, kernels::avx512::gelu_tanh_backward},
+        {"avx2", kernels::avx2::gelu_tanh_forward, kernels::avx2::gelu_tanh_backward}, none);
+#else
+    return none;
 #endif
-      default:
-        return {"libtorch", nullptr, nullptr};
-    }
   }();
   return kernel;
 }

@@ -32,16 +32,12 @@ using StochasticKernel = void (*)(const at::Tensor&, const at::Tensor&, const at
                                   const at::Tensor&, const kernels::AdamWStep&, uint64_t);
 
 StochasticKernel stochastic_kernel() {
-  switch (mixprec::kernels::cpu_isa()) {
 #ifdef MIXPREC_HAVE_X86_KERNELS
-    case mixprec::kernels::Isa::kAvx512:
-      return kernels::avx512::adamw_bf16_stochastic;
-    case mixprec::kernels::Isa::kAvx2:
-      return kernels::avx2::adamw_bf16_stochastic;
+  return mixprec::kernels::for_this_cpu<StochasticKernel>(
+      kernels::avx512::adamw_bf16_stochastic, kernels::avx2::adamw_bf16_stochastic, nullptr);
+#else
+  return nullptr;
 #endif
-    default:
-      return nullptr;
-  }
 }
 
 // 64 random bits from LibTorch's default CPU generator (torch::manual_seed repeats them).
@@ -134,6 +130,10 @@ void AdamW::single_tensor_step(torch::optim::OptimizerParamGroup& group) {
     auto& state = state_for(stored, /*fused=*/false);
     if (o.amsgrad() && !state.max_exp_avg_sq().defined())
       state.max_exp_avg_sq(at::zeros_like(stored, at::MemoryFormat::Preserve));
+    state.step().add_(1);
+    const double step = state.step().item<double>();
+    const double step_size = o.lr() / (1 - std::pow(beta1, step));
+    const double bias_correction2_sqrt = std::sqrt(1 - std::pow(beta2, step));
     const bool rounded = o.stochastic_rounding() && stored.scalar_type() == at::kBFloat16;
     const auto dense_bf16 = [](const at::Tensor& t) {
       return t.is_cpu() && t.scalar_type() == at::kBFloat16 && t.is_contiguous();
@@ -141,17 +141,14 @@ void AdamW::single_tensor_step(torch::optim::OptimizerParamGroup& group) {
     if (rounded && !o.amsgrad() && stochastic_kernel() && dense_bf16(stored) &&
         dense_bf16(stored.grad()) && dense_bf16(state.exp_avg()) &&
         dense_bf16(state.exp_avg_sq())) {
-      state.step().add_(1);
-      const double step = state.step().item<double>();
-      const kernels::AdamWStep s{
-          .lr = static_cast<float>(o.lr()),
-          .beta1 = static_cast<float>(beta1),
-          .beta2 = static_cast<float>(beta2),
-          .weight_decay = static_cast<float>(o.weight_decay()),
-          .eps = static_cast<float>(o.eps()),
-          .step_size = static_cast<float>(o.lr() / (1 - std::pow(beta1, step))),
-          .bias_correction2_sqrt = static_cast<float>(std::sqrt(1 - std::pow(beta2, step))),
-          .maximize = o.maximize()};
+      const kernels::AdamWStep s{.lr = static_cast<float>(o.lr()),
+                                 .beta1 = static_cast<float>(beta1),
+                                 .beta2 = static_cast<float>(beta2),
+                                 .weight_decay = static_cast<float>(o.weight_decay()),
+                                 .eps = static_cast<float>(o.eps()),
+                                 .step_size = static_cast<float>(step_size),
+                                 .bias_correction2_sqrt = static_cast<float>(bias_correction2_sqrt),
+                                 .maximize = o.maximize()};
       RECORD_FUNCTION("mixprec::adamw_bf16_stochastic", std::vector<c10::IValue>());
       stochastic_kernel()(stored, stored.grad(), state.exp_avg(), state.exp_avg_sq(), s,
                           random_seed());
@@ -161,16 +158,9 @@ void AdamW::single_tensor_step(torch::optim::OptimizerParamGroup& group) {
     at::Tensor param = work(stored), exp_avg = work(state.exp_avg()),
                exp_avg_sq = work(state.exp_avg_sq());
     at::Tensor grad = work(o.maximize() ? -stored.grad() : stored.grad());
-    state.step().add_(1);
     if (o.weight_decay() != 0) param.mul_(1 - o.lr() * o.weight_decay());
     exp_avg.lerp_(grad, 1 - beta1);
     exp_avg_sq.mul_(beta2).addcmul_(grad, grad, 1 - beta2);
-
-    const double step = state.step().item<double>();
-    const double bias_correction1 = 1 - std::pow(beta1, step);
-    const double bias_correction2 = 1 - std::pow(beta2, step);
-    const double step_size = o.lr() / bias_correction1;
-    const double bias_correction2_sqrt = std::sqrt(bias_correction2);
     at::Tensor denom;
     if (o.amsgrad()) {
       at::Tensor max_exp_avg_sq = work(state.max_exp_avg_sq());

@@ -59,12 +59,8 @@ void attention_softmax_forward(const at::Tensor& scores, int64_t Lq, bool causal
                             row, row, n);
         const float inv =
             1.0f / at::vec::reduce_all<float>([](Vec a, Vec b) { return a + b; }, row, n);
-        if constexpr (std::is_same_v<T, float>) {
-          at::vec::map<float>([inv](Vec v) { return v * Vec(inv); }, out, row, n);
-        } else {
-          at::vec::map<float>([inv](Vec v) { return v * Vec(inv); }, row, row, n);
-          at::vec::convert(row, out, n);
-        }
+        at::vec::map<float>([inv](Vec v) { return v * Vec(inv); }, row, row, n);
+        if (static_cast<void*>(out) != static_cast<void*>(row)) at::vec::convert(row, out, n);
         std::fill(out + n, out + Lk, T(0));
       }
     });
@@ -94,14 +90,9 @@ void attention_softmax_backward(const at::Tensor& probs, const at::Tensor& grad_
         const float d = at::vec::map2_reduce_all<float>(
             [](Vec a, Vec b) { return a * b; }, [](Vec a, Vec b) { return a + b; }, prow, drow, n);
         T* out = ds + r * Lk;
-        if constexpr (std::is_same_v<T, float>) {
-          at::vec::map2<float>([d, scale](Vec pv, Vec g) { return pv * (g - Vec(d)) * Vec(scale); },
-                               out, prow, drow, n);
-        } else {
-          at::vec::map2<float>([d, scale](Vec pv, Vec g) { return pv * (g - Vec(d)) * Vec(scale); },
-                               drow, prow, drow, n);
-          at::vec::convert(drow, out, n);
-        }
+        at::vec::map2<float>([d, scale](Vec pv, Vec g) { return pv * (g - Vec(d)) * Vec(scale); },
+                             drow, prow, drow, n);
+        if (static_cast<void*>(out) != static_cast<void*>(drow)) at::vec::convert(drow, out, n);
         std::fill(out + n, out + Lk, T(0));
       }
     });
