@@ -58,25 +58,29 @@ std::string part_of(const std::string& op) {
 
 namespace prof = torch::autograd::profiler;
 
-// Runs f under LibTorch's profiler (CPU events; memory events too if asked).
-std::unique_ptr<prof::ProfilerResult> profiled(const std::function<void()>& f,
-                                               bool memory = false) {
+// Starts LibTorch's profiler (CPU events; memory events too if asked) on this thread;
+// prof::disableProfiler() stops it and returns the events.
+void start_profiler(bool memory = false) {
   const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
                                     /*report_input_shapes=*/false, /*profile_memory=*/memory);
   const std::set<prof::ActivityType> cpu{prof::ActivityType::CPU};
   prof::prepareProfiler(config, cpu);
   prof::enableProfiler(config, cpu);
+}
+
+// Runs f under LibTorch's profiler.
+std::unique_ptr<prof::ProfilerResult> profiled(const std::function<void()>& f,
+                                               bool memory = false) {
+  start_profiler(memory);
   f();
   return prof::disableProfiler();
 }
 
-// Runs f under LibTorch's profiler and prints each op's self time (its time
-// minus that of the ops it called), largest first, and their sums by part of
-// the step, to stderr.
-void print_self_times(const std::function<void()>& f) {
-  const auto result = profiled(f);
+// Prints each op's self time in a profile (its time minus that of the ops it called), largest
+// first, and their sums by part of the step, to stderr.
+void print_self_times(const prof::ProfilerResult& result) {
   std::map<uint64_t, std::vector<const prof::KinetoEvent*>> by_thread;
-  for (const auto& e : result->events()) by_thread[e.startThreadId()].push_back(&e);
+  for (const auto& e : result.events()) by_thread[e.startThreadId()].push_back(&e);
   std::map<std::string, std::pair<double, int64_t>> self;  // name -> (ms, calls)
   double total = 0;
   for (auto& [thread, events] : by_thread) {
@@ -133,10 +137,40 @@ double activation_mb(const std::function<torch::Tensor()>& forward) {
   return static_cast<double>(bytes) / (1024.0 * 1024.0);
 }
 
+// Peak bytes of the tensors one step allocates, above what lives before it (parameters,
+// AdamW's moments), from LibTorch's profiler's memory events: what the step needs, without the
+// allocator's free-but-resident memory that peak RSS also counts.
+double step_peak_mb(const std::function<void()>& step) {
+  const auto result = profiled(step, /*memory=*/true);
+  std::vector<std::pair<int64_t, int64_t>> events;  // (time, bytes allocated or freed)
+  for (const auto& e : result->events())
+    if (e.name() == "[memory]") events.emplace_back(e.startNs(), e.nBytes());
+  std::sort(events.begin(), events.end());
+  int64_t live = 0, peak = 0;
+  for (const auto& [time, bytes] : events) peak = std::max(peak, live += bytes);
+  return static_cast<double>(peak) / (1024.0 * 1024.0);
+}
+
+// Profiles the Trainer's step after `warmup` ones.
+struct ProfileOneStep : mixprec::train::TrainerCallback {
+  int64_t warmup = 0;
+  std::unique_ptr<prof::ProfilerResult> result;
+  void on_step_begin(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
+                     mixprec::train::TrainerControl&) override {
+    if (state.global_step == warmup) start_profiler();
+  }
+  void on_step_end(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
+                   mixprec::train::TrainerControl&) override {
+    if (state.global_step == warmup + 1) result = prof::disableProfiler();
+  }
+};
+
 // The Trainer on the same batches, with HF's defaults where the loop has none
 // (clipping at 1, shuffling).
-TimedSteps time_gpt2_trainer(mixprec::models::GPT2LMHeadModel model, const torch::Tensor& data,
-                             const std::string& precision, int64_t warmup, int64_t steps) {
+TimedSteps time_gpt2_trainer(
+    mixprec::models::GPT2LMHeadModel model, const torch::Tensor& data, const std::string& precision,
+    int64_t warmup, int64_t steps,
+    std::vector<std::shared_ptr<mixprec::train::TrainerCallback>> callbacks = {}) {
   const auto ids = data.reshape({-1, data.size(2)});  // (batches·B, T)
   auto dataset = std::make_shared<mixprec::data::TensorDataset>(
       std::map<std::string, at::Tensor>{{"input_ids", ids}, {"labels", ids}});
@@ -147,7 +181,7 @@ TimedSteps time_gpt2_trainer(mixprec::models::GPT2LMHeadModel model, const torch
   args.learning_rate = 3e-4;
   args.lr_scheduler_type = "constant";
   return time_trainer(model.ptr(), mixprec::train::forward_on_batches(model), dataset, args, warmup,
-                      steps);
+                      steps, std::move(callbacks));
 }
 
 }  // namespace
@@ -156,7 +190,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tokens/s of the level-1 loop on GPT-2 in one configuration"};
   std::string size = "small", precision = "fp32", fast_path = "auto", level = "loop";
   int steps = 20, warmup = 2, threads = 2;
-  bool profile = false;
+  bool profile = false, memory = false;
   app.add_option("--size", size, "small: 2 x 128, T 128; large: 6 x 512, T 256 (B 8, V 4096)")
       ->check(CLI::IsMember({"small", "large"}));
   app.add_option("--precision", precision,
@@ -173,9 +207,18 @@ int main(int argc, char** argv) {
   app.add_option("--warmup", warmup)->check(CLI::NonNegativeNumber);
   app.add_option("--threads", threads)->check(CLI::PositiveNumber);
   app.add_flag("--profile", profile,
-               "after the warm-up, print each op's self time in one step (LibTorch's profiler)");
+               "after the warm-up, print each op's self time in one step, at any --level "
+               "(LibTorch's profiler)");
+  app.add_flag("--memory", memory,
+               "after the warm-up, print the peak of one step's tensors and the tensors held "
+               "between steps (LibTorch's profiler), and peak RSS");
   CLI11_PARSE(app, argc, argv);
   const bool pure = precision == "bf16-pure";
+  if (memory && level == "trainer") {
+    std::fprintf(stderr,
+                 "--memory measures the loop's or the Accelerator's step, not the Trainer's\n");
+    return 2;
+  }
   if (pure && level != "loop") {
     std::fprintf(stderr, "--precision bf16-pure runs at --level loop only, got --level %s\n",
                  level.c_str());
@@ -237,8 +280,27 @@ int main(int argc, char** argv) {
     };
   }
   for (int i = 0; i < warmup && level != "trainer"; ++i) step(i);
+  if (profile && level == "trainer") {
+    auto profiler = std::make_shared<ProfileOneStep>();
+    profiler->warmup = warmup;
+    time_gpt2_trainer(model, data, precision, warmup, 1, {profiler});
+    print_self_times(*profiler->result);
+    return 0;
+  }
   if (profile) {
-    print_self_times([&] { step(warmup).item<double>(); });
+    print_self_times(*profiled([&] { step(warmup).item<double>(); }));
+    return 0;
+  }
+  if (memory) {
+    const double peak = step_peak_mb([&] { step(warmup).item<double>(); });
+    double params = 0;
+    for (const auto& p : model->parameters()) params += static_cast<double>(p.nbytes());
+    rusage usage{};
+    getrusage(RUSAGE_SELF, &usage);
+    std::fprintf(stderr,
+                 "one step's tensors: peak %.1f MB above what lives between steps (parameters "
+                 "%.1f MB, AdamW's two moments as much again each); peak RSS %.1f MB\n",
+                 peak, params / (1024.0 * 1024.0), usage.ru_maxrss / 1024.0);
     return 0;
   }
   const int64_t calls_before = mixprec::amp::fp16_cpu_fast_path_calls();

@@ -49,11 +49,12 @@ inline TimedSteps time_steps(const std::function<torch::Tensor(int64_t)>& step, 
 
 // The Trainer's steps after `warmup`, timed by a callback (its own runtime includes its setup
 // and the warm-up): `args` says the precision, batch size, optimizer and schedule; this sets
-// the step count and turns off logging, saving and the progress bar, as the twins do.
-inline TimedSteps time_trainer(std::shared_ptr<torch::nn::Module> module,
-                               mixprec::train::BatchForward forward,
-                               mixprec::data::DatasetPtr dataset, mixprec::TrainingArguments args,
-                               int64_t warmup, int64_t steps) {
+// the step count and turns off logging, saving and the progress bar, as the twins do;
+// `callbacks` run too.
+inline TimedSteps time_trainer(
+    std::shared_ptr<torch::nn::Module> module, mixprec::train::BatchForward forward,
+    mixprec::data::DatasetPtr dataset, mixprec::TrainingArguments args, int64_t warmup,
+    int64_t steps, std::vector<std::shared_ptr<mixprec::train::TrainerCallback>> callbacks = {}) {
   struct Clock : mixprec::train::TrainerCallback {
     int64_t warmup = 0;
     std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
@@ -73,8 +74,9 @@ inline TimedSteps time_trainer(std::shared_ptr<torch::nn::Module> module,
   args.save_strategy = "no";
   args.disable_tqdm = true;
   args.use_cpu = true;
+  callbacks.push_back(clock);
   mixprec::Trainer trainer(std::move(module), std::move(forward), args, std::move(dataset), nullptr,
-                           {}, {clock}, {});
+                           {}, std::move(callbacks), {});
   const auto output = trainer.train();
   const double seconds =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - clock->start).count();
