@@ -77,12 +77,17 @@ struct DataLoader::Iterator::Run {
     for (auto& worker : workers) worker.join();
   }
 
-  // Reads and collates batch b.
+  // Reads and collates batch b; for the default collate(), a dataset that can gathers it at once.
   Batch load(size_t b) const {
-    std::vector<Example> examples;
     const size_t end = std::min(indices.size(), (b + 1) * batch_size);
-    for (size_t i = b * batch_size; i < end; ++i) examples.push_back(dataset->get(indices[i]));
-    return collate_fn(examples);
+    const std::vector<size_t> slice(indices.begin() + static_cast<std::ptrdiff_t>(b * batch_size),
+                                    indices.begin() + static_cast<std::ptrdiff_t>(end));
+    if (!collate_fn)
+      if (auto batch = dataset->get_batch(slice)) return std::move(*batch);
+    std::vector<Example> examples;
+    examples.reserve(slice.size());
+    for (size_t i : slice) examples.push_back(dataset->get(i));
+    return collate_fn ? collate_fn(examples) : collate(examples);
   }
 
   // Worker loop: claims the next batch while fewer than `window` are ahead of the caller.
@@ -127,7 +132,7 @@ struct DataLoader::Iterator::Run {
   DataLoader* loader;
   uint64_t generation;
   DatasetPtr dataset;
-  CollateFn collate_fn;
+  CollateFn collate_fn;  // empty: collate()
   size_t batch_size;
   std::vector<size_t> indices;
   size_t num_batches;
@@ -172,8 +177,6 @@ DataLoader::DataLoader(DatasetPtr dataset, DataLoaderOptions options, CollateFn 
   TORCH_CHECK(options_.num_workers == 0 || options_.prefetch_factor > 0,
               "DataLoader: invalid prefetch_factor ", options_.prefetch_factor,
               " (expected > 0 with num_workers > 0)");
-  if (!collate_fn_)
-    collate_fn_ = [](const std::vector<Example>& examples) { return collate(examples); };
 }
 
 DataLoader::~DataLoader() = default;

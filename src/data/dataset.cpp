@@ -220,6 +220,19 @@ Example TensorDataset::get(size_t index) const {
   return example;
 }
 
+std::optional<Batch> TensorDataset::get_batch(const std::vector<size_t>& indices) const {
+  std::vector<int64_t> rows;
+  rows.reserve(indices.size());
+  for (size_t i : indices) {
+    TORCH_CHECK(i < size_, "TensorDataset: index ", i, " out of range for size ", size_);
+    rows.push_back(static_cast<int64_t>(i));
+  }
+  const at::Tensor index = at::tensor(rows, at::kLong);
+  Batch batch;
+  for (const auto& [name, t] : tensors_) batch[name] = t.index_select(0, index.to(t.device()));
+  return batch;
+}
+
 Subset::Subset(DatasetPtr dataset, std::vector<size_t> indices)
     : dataset_(std::move(dataset)), indices_(std::move(indices)) {
   TORCH_CHECK(dataset_, "Subset: no dataset given");
@@ -232,6 +245,17 @@ Example Subset::get(size_t index) const {
   TORCH_CHECK(index < indices_.size(), "Subset: index ", index, " out of range for size ",
               indices_.size());
   return dataset_->get(indices_[index]);
+}
+
+std::optional<Batch> Subset::get_batch(const std::vector<size_t>& indices) const {
+  std::vector<size_t> mapped;
+  mapped.reserve(indices.size());
+  for (size_t i : indices) {
+    TORCH_CHECK(i < indices_.size(), "Subset: index ", i, " out of range for size ",
+                indices_.size());
+    mapped.push_back(indices_[i]);
+  }
+  return dataset_->get_batch(mapped);
 }
 
 std::vector<std::shared_ptr<Subset>> random_split(const DatasetPtr& dataset,

@@ -163,10 +163,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
   impl_->eval_dataset = std::move(eval_dataset);
   impl_->compute_metrics = std::move(compute_metrics);
   impl_->callbacks = std::move(callbacks);
-  impl_->collate =
-      data_collator
-          ? std::move(data_collator)
-          : data::CollateFn([](const std::vector<data::Example>& e) { return data::collate(e); });
+  impl_->collate = std::move(data_collator);  // empty: the DataLoader's default
   TORCH_CHECK(args_.eval_strategy == "no" || impl_->eval_dataset, "Trainer: eval_strategy is \"",
               args_.eval_strategy, "\" but no eval_dataset was given");
   accelerator_ = std::make_shared<accelerate::Accelerator>(accelerate::AcceleratorOptions{

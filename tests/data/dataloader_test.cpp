@@ -215,6 +215,58 @@ TEST(DataLoader, UserCollateAndDefaultCollate) {
   EXPECT_EQ(counts, (std::vector<int64_t>{4, 2}));
 }
 
+// A TensorDataset that counts the samples read one by one.
+class CountingTensorDataset : public TensorDataset {
+ public:
+  using TensorDataset::TensorDataset;
+  Example get(size_t index) const override {
+    ++reads;
+    return TensorDataset::get(index);
+  }
+  mutable int reads = 0;
+};
+
+TEST(DataLoader, TensorDatasetsGatherBatchesAtOnceAsCollateWould) {
+  torch::manual_seed(0);
+  auto full = std::make_shared<CountingTensorDataset>(
+      std::map<std::string, at::Tensor>{{"features", torch::randn({10, 3, 2})},
+                                        {"labels", torch::arange(10) * 7},
+                                        {"mask", torch::rand({10}) > 0.5},
+                                        {"strided", torch::randn({4, 10}).t()}});
+  auto subset = std::make_shared<Subset>(full, std::vector<size_t>{9, 2, 4, 0, 7, 5, 1});
+  for (size_t workers : {0, 2}) {
+    SCOPED_TRACE(std::to_string(workers) + " workers");
+    const DataLoaderOptions options{
+        .batch_size = 3, .shuffle = true, .seed = 5, .num_workers = workers};
+    DataLoader one_by_one(subset, options,
+                          [](const std::vector<Example>& examples) { return collate(examples); });
+    std::vector<Batch> expected;
+    for (const Batch& batch : one_by_one) expected.push_back(batch);
+    ASSERT_EQ(expected.size(), 3u);
+    full->reads = 0;
+    DataLoader gathered(subset, options);
+    size_t b = 0;
+    for (const Batch& batch : gathered) {
+      ASSERT_LT(b, expected.size());
+      ASSERT_EQ(batch.size(), expected[b].size());
+      for (const auto& [key, t] : expected[b]) {
+        EXPECT_EQ(batch.at(key).scalar_type(), t.scalar_type()) << key;
+        EXPECT_EQ(batch.at(key).sizes(), t.sizes()) << key;
+        EXPECT_TRUE(torch::equal(batch.at(key), t)) << key;
+      }
+      ++b;
+    }
+    EXPECT_EQ(b, expected.size());
+    EXPECT_EQ(full->reads, 0);  // gathered by get_batch, not read sample by sample
+  }
+  EXPECT_TRUE(has(error_of([&] {
+                    full->get_batch({3, 10});
+                  }),
+                  "TensorDataset: index 10 out of range for size 10"));
+  EXPECT_TRUE(
+      has(error_of([&] { subset->get_batch({7}); }), "Subset: index 7 out of range for size 7"));
+}
+
 TEST(DataLoader, BadOptionsAreAClearError) {
   EXPECT_TRUE(has(error_of([] { DataLoader(range_dataset(4), {.batch_size = 0}); }),
                   "DataLoader: invalid batch_size 0 (expected > 0)"));

@@ -77,8 +77,9 @@ std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_
 /// }
 /// ```
 ///
-/// One iteration runs at a time: `begin()` abandons the previous one. The
-/// loader must outlive its iterators.
+/// Without a `collate_fn`, batches are `collate()`'d, or gathered at once by a dataset whose
+/// `get_batch()` can (TensorDataset, and a Subset of one). One iteration runs at a time:
+/// `begin()` abandons the previous one. The loader must outlive its iterators.
 class DataLoader {
  public:
   DataLoader(DatasetPtr dataset, DataLoaderOptions options = {}, CollateFn collate_fn = {});
@@ -139,7 +140,7 @@ class DataLoader {
  private:
   DatasetPtr dataset_;
   DataLoaderOptions options_;
-  CollateFn collate_fn_;
+  CollateFn collate_fn_;  // empty: collate(), or the dataset's get_batch()
   int64_t epoch_ = 0;
   int64_t batches_yielded_ = 0;
   uint64_t generation_ = 0;  // bumped by begin(): an abandoned iterator stops counting

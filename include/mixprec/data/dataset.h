@@ -31,6 +31,12 @@ class Dataset {
   virtual ~Dataset() = default;
   virtual size_t size() const = 0;
   virtual Example get(size_t index) const = 0;
+  /// The samples at `indices` as `collate()` would batch them, where the dataset can gather
+  /// them at once (PyTorch's `__getitems__`); nullopt: the loader reads them one by one. The
+  /// DataLoader asks only when it collates with the default `collate()`.
+  virtual std::optional<Batch> get_batch(const std::vector<size_t>& /*indices*/) const {
+    return std::nullopt;
+  }
 };
 using DatasetPtr = std::shared_ptr<const Dataset>;
 
@@ -52,6 +58,8 @@ class TensorDataset : public Dataset {
                                                  const std::string& label_column);
   size_t size() const override { return size_; }
   Example get(size_t index) const override;
+  /// One index_select per tensor, where get() + collate() select and stack sample by sample.
+  std::optional<Batch> get_batch(const std::vector<size_t>& indices) const override;
   const std::map<std::string, at::Tensor>& tensors() const { return tensors_; }
 
  private:
@@ -65,6 +73,7 @@ class Subset : public Dataset {
   Subset(DatasetPtr dataset, std::vector<size_t> indices);
   size_t size() const override { return indices_.size(); }
   Example get(size_t index) const override;
+  std::optional<Batch> get_batch(const std::vector<size_t>& indices) const override;
   const std::vector<size_t>& indices() const { return indices_; }
   const DatasetPtr& dataset() const { return dataset_; }
 
