@@ -2,7 +2,8 @@
 // Accelerator (--loop accelerator) or the Trainer on the same data (--loop trainer, HF's
 // defaults where the loop has none: clipping at 1, shuffling, no weight decay) for
 // bench/run.py: one configuration per run, one JSON line on stdout. Its Python twin is
-// bench/amp_loop_bench.py; keep the two doing the same work.
+// bench/amp_loop_bench.py; keep the two doing the same work. --profile prints where the
+// time of `--steps` steps goes instead (LibTorch's profiler).
 #include <mixprec/accelerate/accelerator.h>
 #include <mixprec/amp/autocast.h>
 #include <mixprec/amp/grad_scaler.h>
@@ -10,6 +11,7 @@
 #include <mixprec/optim/adamw.h>
 
 #include "digits.h"
+#include "profile.h"
 #include "timed_steps.h"
 
 #include <torch/torch.h>
@@ -17,11 +19,25 @@
 
 #include <cstdio>
 
+namespace {
+
+// The part of a training step an op's self time counts toward.
+std::string part_of(const std::string& op) {
+  const auto has = [&](const char* s) { return op.find(s) != std::string::npos; };
+  if (op == "aten::mm" || op == "aten::addmm") return "GEMMs";
+  if (has("softmax") || has("nll_loss")) return "loss (log-softmax, NLL)";
+  if (has("adam") || has("_amp_")) return "optimizer and scaler";
+  if (has("relu") || has("threshold") || has("clamp_min")) return "ReLU";
+  return "other (bias sums, casts, fills, dispatch)";
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   CLI::App app{"steps/s of the level-1 loop in one configuration"};
   std::string precision = "fp32", optimizer_kind = "fused", data = "data/digits.csv";
   std::string loop = "plain";
-  bool scaler_on = false;
+  bool scaler_on = false, profile = false;
   int steps = 300, warmup = 30, threads = 2;
   int64_t batch_size = 64, hidden = 256;
   app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
@@ -34,6 +50,7 @@ int main(int argc, char** argv) {
   app.add_option("--threads", threads)->check(CLI::PositiveNumber);
   app.add_option("--batch-size", batch_size)->check(CLI::PositiveNumber);
   app.add_option("--hidden", hidden)->check(CLI::PositiveNumber);
+  app.add_flag("--profile", profile, "print each op's self time a step, to stderr");
   CLI11_PARSE(app, argc, argv);
 
   torch::set_num_threads(threads);
@@ -95,9 +112,19 @@ int main(int argc, char** argv) {
       out.loss = torch::nn::functional::cross_entropy(out.logits, b.at("labels"));
       return out;
     };
+    if (profile) {
+      auto profiler = std::make_shared<ProfileSteps>(warmup, steps);
+      time_trainer(model.ptr(), forward, dataset, args, warmup, steps, {profiler});
+      print_self_times(*profiler->result, part_of, steps);
+      return 0;
+    }
     timed = time_trainer(model.ptr(), forward, dataset, args, warmup, steps);
   } else {
     for (int i = 0; i < warmup; ++i) step(i);
+    if (profile) {
+      print_self_times(*profiled([&] { time_steps(step, warmup, steps); }), part_of, steps);
+      return 0;
+    }
     timed = time_steps(step, warmup, steps);
   }
   const auto [final_loss, seconds] = timed;

@@ -15,10 +15,10 @@
 #include <mixprec/optim/adamw.h>
 #include <mixprec/train/trainer.h>
 
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include "profile.h"
 #include "timed_steps.h"
 
 #include <algorithm>
@@ -56,75 +56,6 @@ std::string part_of(const std::string& op) {
   return "other (residual adds, bias sums, fills, embeddings, dispatch)";
 }
 
-namespace prof = torch::autograd::profiler;
-
-// Starts LibTorch's profiler (CPU events; memory events too if asked) on this thread;
-// prof::disableProfiler() stops it and returns the events.
-void start_profiler(bool memory = false) {
-  const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
-                                    /*report_input_shapes=*/false, /*profile_memory=*/memory);
-  const std::set<prof::ActivityType> cpu{prof::ActivityType::CPU};
-  prof::prepareProfiler(config, cpu);
-  prof::enableProfiler(config, cpu);
-}
-
-// Runs f under LibTorch's profiler.
-std::unique_ptr<prof::ProfilerResult> profiled(const std::function<void()>& f,
-                                               bool memory = false) {
-  start_profiler(memory);
-  f();
-  return prof::disableProfiler();
-}
-
-// Prints each op's self time in a profile (its time minus that of the ops it called), largest
-// first, and their sums by part of the step, to stderr.
-void print_self_times(const prof::ProfilerResult& result) {
-  std::map<uint64_t, std::vector<const prof::KinetoEvent*>> by_thread;
-  for (const auto& e : result.events()) by_thread[e.startThreadId()].push_back(&e);
-  std::map<std::string, std::pair<double, int64_t>> self;  // name -> (ms, calls)
-  double total = 0;
-  for (auto& [thread, events] : by_thread) {
-    std::sort(events.begin(), events.end(), [](auto* a, auto* b) {
-      return a->startNs() != b->startNs() ? a->startNs() < b->startNs()
-                                          : a->durationNs() > b->durationNs();
-    });
-    std::vector<std::pair<const prof::KinetoEvent*, double>> stack;  // (event, children ns)
-    auto close = [&] {
-      auto [e, children] = stack.back();
-      stack.pop_back();
-      auto& [ms, calls] = self[e->name()];
-      ms += (static_cast<double>(e->durationNs()) - children) / 1e6;
-      ++calls;
-      if (stack.empty())
-        total += static_cast<double>(e->durationNs()) / 1e6;
-      else
-        stack.back().second += static_cast<double>(e->durationNs());
-    };
-    for (const auto* e : events) {
-      while (!stack.empty() && stack.back().first->endNs() <= e->startNs()) close();
-      stack.emplace_back(e, 0.0);
-    }
-    while (!stack.empty()) close();
-  }
-  std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(self.begin(), self.end());
-  std::sort(rows.begin(), rows.end(),
-            [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
-  std::fprintf(stderr, "| op | self ms | share | calls |\n|---|---|---|---|\n");
-  for (const auto& [name, v] : rows)
-    if (v.first >= 0.001 * total)
-      std::fprintf(stderr, "| %s | %.1f | %.1f%% | %lld |\n", name.c_str(), v.first,
-                   100 * v.first / total, static_cast<long long>(v.second));
-  std::fprintf(stderr, "total of top-level events: %.1f ms\n", total);
-  std::map<std::string, double> parts;
-  for (const auto& [name, v] : rows) parts[part_of(name)] += v.first;
-  std::vector<std::pair<std::string, double>> by_part(parts.begin(), parts.end());
-  std::sort(by_part.begin(), by_part.end(),
-            [](const auto& a, const auto& b) { return a.second > b.second; });
-  std::fprintf(stderr, "\n| part of the step | self ms | share |\n|---|---|---|\n");
-  for (const auto& [part, ms] : by_part)
-    std::fprintf(stderr, "| %s | %.1f | %.1f%% |\n", part.c_str(), ms, 100 * ms / total);
-}
-
 // What the forward leaves allocated for the backward (activations autograd saved, autocast's
 // 16-bit weight copies, the loss), in MB: the net bytes of LibTorch's profiler's memory
 // events over one forward.
@@ -150,20 +81,6 @@ double step_peak_mb(const std::function<void()>& step) {
   for (const auto& [time, bytes] : events) peak = std::max(peak, live += bytes);
   return static_cast<double>(peak) / (1024.0 * 1024.0);
 }
-
-// Profiles the Trainer's step after `warmup` ones.
-struct ProfileOneStep : mixprec::train::TrainerCallback {
-  int64_t warmup = 0;
-  std::unique_ptr<prof::ProfilerResult> result;
-  void on_step_begin(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
-                     mixprec::train::TrainerControl&) override {
-    if (state.global_step == warmup) start_profiler();
-  }
-  void on_step_end(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
-                   mixprec::train::TrainerControl&) override {
-    if (state.global_step == warmup + 1) result = prof::disableProfiler();
-  }
-};
 
 // The Trainer on the same batches, with HF's defaults where the loop has none
 // (clipping at 1, shuffling).
@@ -281,14 +198,13 @@ int main(int argc, char** argv) {
   }
   for (int i = 0; i < warmup && level != "trainer"; ++i) step(i);
   if (profile && level == "trainer") {
-    auto profiler = std::make_shared<ProfileOneStep>();
-    profiler->warmup = warmup;
+    auto profiler = std::make_shared<ProfileSteps>(warmup, 1);
     time_gpt2_trainer(model, data, precision, warmup, 1, {profiler});
-    print_self_times(*profiler->result);
+    print_self_times(*profiler->result, part_of);
     return 0;
   }
   if (profile) {
-    print_self_times(*profiled([&] { step(warmup).item<double>(); }));
+    print_self_times(*profiled([&] { step(warmup).item<double>(); }), part_of);
     return 0;
   }
   if (memory) {

@@ -11,7 +11,8 @@ Tables: steps/s per precision (fused AdamW; GradScaler for fp16) of each level o
 digits classifier, ratio of mixprec to its Python twin, the Accelerator's and the
 Trainer's overhead over the plain loop, and the final losses; and the GradScaler's own
 cost in fp16, as a share of step time: 1 - (steps/s with the scaler) / (steps/s without it), for the
-fused and the unfused AdamW.
+fused and the unfused AdamW. Overheads and costs are ratios of runs made back to back, the median
+over the reps.
 
 With --workload gpt2-small or gpt2-large: the level-1 loop on GPT-2
 (bench/gpt2_bench.cpp and its twin bench/gpt2_bench.py on transformers), fresh
@@ -414,16 +415,23 @@ def main():
     if args.steps is None:
         args.steps = 300
 
+    # One implementation's runs of one precision back to back, so that the ratios between them
+    # (overheads, the GradScaler's cost) are taken within a rep, where the machine's drift is least.
     runs = {}
     for rep in range(args.reps):
-        for config in CONFIGS:
+        for precision in ("fp32", "bf16", "fp16"):
             for impl in ("mixprec", "pytorch"):
-                r = run_one(impl, config, args)
-                runs.setdefault((impl,) + config, []).append(r)
+                for config in (c for c in CONFIGS if c[1] == precision):
+                    r = run_one(impl, config, args)
+                    runs.setdefault((impl,) + config, []).append(r)
         print(f"rep {rep + 1}/{args.reps} done", file=sys.stderr)
 
     def median(impl, config):
         return statistics.median(r["steps_per_s"] for r in runs[(impl,) + config])
+
+    def paired(impl, a, b):  # median over the reps of a's steps/s / b's, each pair from one rep
+        return statistics.median(x["steps_per_s"] / y["steps_per_s"]
+                                 for x, y in zip(runs[(impl,) + a], runs[(impl,) + b]))
 
     def loss(impl, config):
         return runs[(impl,) + config][0]["final_loss"]
@@ -453,9 +461,11 @@ def main():
             loop_loss += f" (PyTorch {loss('pytorch', plain):.6f})"
         losses = f"{loop_loss} / {loss('mixprec', acc):.6f} / {loss('pytorch', acc):.6f}"
         print(f"| {name} | {m:.0f} | {t:.0f} | {m / t:.2f}x | {ma:.0f} | {ta:.0f} | {ma / ta:.2f}x "
-              f"| {mt:.0f} | {tt:.0f} | {mt / tt:.2f}x | {100 * (m / ma - 1):+.1f}% / {100 * (m / mt - 1):+.1f}% "
+              f"| {mt:.0f} | {tt:.0f} | {mt / tt:.2f}x "
+              f"| {100 * (paired('mixprec', plain, acc) - 1):+.1f}% / {100 * (paired('mixprec', plain, trainer) - 1):+.1f}% "
               f"| {losses} | {loss('mixprec', trainer):.6f} / {loss('pytorch', trainer):.6f} |")
-    print("\nOverhead = loop steps/s / (Accelerator or Trainer) steps/s - 1. The Trainers run HF's defaults where "
+    print("\nOverhead = loop steps/s / (Accelerator or Trainer) steps/s - 1, the median over the reps of each "
+          "rep's (the runs of one precision run back to back). The Trainers run HF's defaults where "
           "the loop has none (clipping at 1, shuffling, no weight decay), so their losses are compared with each "
           "other; HF Accelerate and the HF Trainer train fp16 in fp32 on a CPU (their losses equal fp32's).")
     if args.plot:
@@ -467,9 +477,8 @@ def main():
     for optimizer in ("fused", "unfused"):
         cells = []
         for impl in ("mixprec", "pytorch"):
-            on = median(impl, ("plain", "fp16", optimizer, True))
-            off = median(impl, ("plain", "fp16", optimizer, False))
-            cells.append(f"{100 * (1 - on / off):.1f}%")
+            on_off = paired(impl, ("plain", "fp16", optimizer, True), ("plain", "fp16", optimizer, False))
+            cells.append(f"{100 * (1 - on_off):.1f}%")
         print(f"| {optimizer} | {cells[0]} | {cells[1]} |")
     if args.json:
         with open(args.json, "w") as f:

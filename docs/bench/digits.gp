@@ -1,6 +1,6 @@
 set terminal pngcairo size 1000,480 noenhanced
 set output 'docs/bench/digits.png'
-set title 'digits MLP: steps/s (median of 5), higher is better'
+set title 'digits MLP: steps/s (median of 7), higher is better'
 set style data histograms
 set style histogram clustered gap 1
 set style fill solid 0.85 border -1

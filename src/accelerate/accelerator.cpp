@@ -1,6 +1,7 @@
 #include "mixprec/accelerate/accelerator.h"
 
 #include "mixprec/io/checkpoint.h"
+#include "mixprec/optim/clip_grad.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -335,7 +336,9 @@ void AcceleratedScheduler::step() {
 }
 
 void Accelerator::backward(const at::Tensor& loss) {
-  at::Tensor scaled = loss / shared_->options.gradient_accumulation_steps;
+  // Dividing by 1 changes nothing, but costs an op and an autograd node a step.
+  const int64_t steps = shared_->options.gradient_accumulation_steps;
+  at::Tensor scaled = steps == 1 ? loss : loss / steps;
   if (shared_->scaler) scaled = shared_->scaler->scale(scaled);
   scaled.backward();
   // Complete (and all-reduced) gradients, still scaled: what fp16 held.
@@ -370,17 +373,7 @@ double Accelerator::clip_grad_norm_(const std::vector<at::Tensor>& parameters, d
               "Accelerator::clip_grad_norm_ on a gradient accumulation step: the gradients are "
               "not complete yet. Clip when accelerator.sync_gradients() is true.");
   unscale_gradients();
-  // torch.nn.utils.clip_grad_norm_'s math on all gradients at once (foreach
-  // kernels): LibTorch's C++ version loops tensor by tensor and cost ~15% of a
-  // small GPT-2 step.
-  std::vector<at::Tensor> grads;
-  for (const auto& p : parameters)
-    if (p.grad().defined()) grads.push_back(p.grad());
-  if (grads.empty()) return 0.0;
-  const at::Tensor total =
-      at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, norm_type)), norm_type);
-  at::_foreach_mul_(grads, at::clamp_max(max_norm / (total + 1e-6), 1.0));
-  return total.item<double>();
+  return optim::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
 void Accelerator::clip_grad_value_(const std::vector<at::Tensor>& parameters, double clip_value) {

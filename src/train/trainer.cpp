@@ -406,7 +406,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                                acc.mixed_precision() == "no" ? "fp32" : acc.mixed_precision(),
                                ": no loss scaling to skip it)"));
       acc.backward(out.loss);
-      loss_since_log += out.loss.detach().to(at::kFloat).cpu() / args_.gradient_accumulation_steps;
+      const at::Tensor step_loss = out.loss.detach().to(at::kFloat).cpu();
+      loss_since_log.add_(args_.gradient_accumulation_steps == 1
+                              ? step_loss
+                              : step_loss / args_.gradient_accumulation_steps);
       ++step_in_epoch;
       if (acc.sync_gradients()) {
         if (args_.max_grad_norm > 0)
