@@ -6,13 +6,13 @@
 // Prints a Markdown table.
 //
 //   build/bench/clip_bench [--reps 201] [--threads 2]
-#include <mixprec/models/gpt2.h>
 #include <mixprec/optim/clip_grad.h>
 
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 #include "digits.h"
+#include "gpt2_config.h"
 
 #include <algorithm>
 #include <chrono>
@@ -21,15 +21,6 @@
 #include <vector>
 
 namespace {
-
-mixprec::models::GPT2LMHeadModel gpt2(bool large) {
-  return mixprec::models::GPT2LMHeadModel(
-      mixprec::models::GPT2Config{.vocab_size = 4096,
-                                  .n_positions = large ? 256 : 128,
-                                  .n_embd = large ? 512 : 128,
-                                  .n_layer = large ? 6 : 2,
-                                  .n_head = large ? 8 : 4});
-}
 
 double foreach_clip(const std::vector<torch::Tensor>& parameters, double max_norm) {
   std::vector<torch::Tensor> grads;
@@ -51,8 +42,10 @@ int main(int argc, char** argv) {
   torch::manual_seed(0);
   const std::vector<std::pair<const char*, std::vector<torch::Tensor>>> models{
       {"digits MLP (hidden 256)", digits::MLP(256)->parameters()},
-      {"GPT-2 small (2 x 128)", gpt2(false)->parameters()},
-      {"GPT-2 large (6 x 512)", gpt2(true)->parameters()}};
+      {"GPT-2 small (2 x 128)",
+       mixprec::models::GPT2LMHeadModel(bench_gpt2_config(false))->parameters()},
+      {"GPT-2 large (6 x 512)",
+       mixprec::models::GPT2LMHeadModel(bench_gpt2_config(true))->parameters()}};
 
   std::printf(
       "| fp32 gradients (us, %d threads, median of %d) | tensors | elements | mixprec (not "

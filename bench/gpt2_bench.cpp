@@ -18,6 +18,7 @@
 #include <torch/torch.h>
 
 #include <CLI/CLI.hpp>
+#include "gpt2_config.h"
 #include "profile.h"
 #include "timed_steps.h"
 
@@ -148,15 +149,8 @@ int main(int argc, char** argv) {
                                                        : Fp16CpuPath::kAuto);
   torch::set_num_threads(threads);
   const bool large = size == "large";
-  const int64_t batch = 8, seq = large ? 256 : 128;
-  mixprec::models::GPT2Config config{.vocab_size = 4096,
-                                     .n_positions = seq,
-                                     .n_embd = large ? 512 : 128,
-                                     .n_layer = large ? 6 : 2,
-                                     .n_head = large ? 8 : 4,
-                                     .resid_pdrop = 0.0,
-                                     .embd_pdrop = 0.0,
-                                     .attn_pdrop = 0.0};
+  const auto config = bench_gpt2_config(large);
+  const int64_t batch = 8, seq = config.n_positions;
   torch::manual_seed(0);
   mixprec::models::GPT2LMHeadModel model(config);
   const auto data = torch::randint(config.vocab_size, {4, batch, seq});  // (batches, B, T)
