@@ -1,6 +1,7 @@
 #include "mixprec/models/attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/native/CPUBlas.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 #include <torch/autograd.h>
@@ -12,6 +13,31 @@
 #include "models/kernels/attention_softmax.h"
 
 namespace mixprec::models {
+
+// Whether LibTorch's bf16 brgemm (oneDNN's ukernel) runs here with B in the VNNI-2 layout that
+// the kernels pack: tried once on a 2x2x2 product. Not on AMX CPUs, where LibTorch first packs
+// B with oneDNN's own transform (and kAuto picks the flash kernels anyway), nor with oneDNN off.
+bool kernels::bf16_brgemm_runs() {
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
+  static const bool runs = [] {
+    if (mixprec::kernels::cpu_has_amx_bf16()) return false;
+    const at::BFloat16 a[4] = {1, 2, 3, 4};  // (1 2; 3 4)
+    const at::BFloat16 b[4] = {5, 6, 7, 8};  // (5 7; 6 8), pairs along K
+    float c[4] = {};
+    try {
+      at::native::cpublas::brgemm(2, 2, 2, 2, 2, 2, false, a, b, c, /*is_vnni=*/true);
+      at::native::cpublas::brgemm_release(/*is_vnni=*/true);
+    } catch (const c10::Error&) {
+      return false;
+    }
+    return c[0] == 17 && c[1] == 23 && c[2] == 39 && c[3] == 53;
+  }();
+  return runs && at::globalContext().userEnabledMkldnn();
+#else
+  return false;
+#endif
+}
+
 namespace {
 
 using torch::autograd::AutogradContext;
@@ -20,19 +46,33 @@ using torch::autograd::variable_list;
 using SoftmaxForward = void (*)(const at::Tensor&, int64_t, bool, float, const at::Tensor&);
 using SoftmaxBackward = void (*)(const at::Tensor&, const at::Tensor&, int64_t, bool, float,
                                  const at::Tensor&);
+using Bf16Forward = void (*)(const at::Tensor&, const at::Tensor&, bool, float, const at::Tensor&);
+using Bf16Backward = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, float,
+                              const at::Tensor&);
 struct SoftmaxKernel {
   SoftmaxForward forward = nullptr;
   SoftmaxBackward backward = nullptr;
+  Bf16Forward bf16_forward = nullptr;
+  Bf16Backward bf16_backward = nullptr;
 };
 
 SoftmaxKernel softmax_kernel() {
 #ifdef MIXPREC_HAVE_X86_KERNELS
   return mixprec::kernels::for_this_cpu<SoftmaxKernel>(
-      {kernels::avx512::attention_softmax_forward, kernels::avx512::attention_softmax_backward},
-      {kernels::avx2::attention_softmax_forward, kernels::avx2::attention_softmax_backward}, {});
+      {kernels::avx512::attention_softmax_forward, kernels::avx512::attention_softmax_backward,
+       kernels::avx512::attention_bf16_forward, kernels::avx512::attention_bf16_backward},
+      {kernels::avx2::attention_softmax_forward, kernels::avx2::attention_softmax_backward,
+       kernels::avx2::attention_bf16_forward, kernels::avx2::attention_bf16_backward},
+      {});
 #else
   return {};
 #endif
+}
+
+// Whether bf16 (.., L, D) inputs take the brgemm kernels: D even, for the VNNI-2 layout.
+bool bf16_kernels_run(const at::Tensor& query) {
+  return query.scalar_type() == at::kBFloat16 && query.size(-1) % 2 == 0 &&
+         softmax_kernel().bf16_forward != nullptr && kernels::bf16_brgemm_runs();
 }
 
 // SDPA's default: 1 / sqrt(head dim).
@@ -47,14 +87,18 @@ at::ScalarType compute_dtype(const at::Tensor& t) {
 }
 
 // A dense copy of t in dtype (t itself if it is one already): at::matmul copies strided
-// operands anyway, and each is used twice.
+// operands anyway, and each is used twice. (t.to(dtype, MemoryFormat::Contiguous) would return
+// a strided t of that dtype as it is: it compares suggest_memory_format(), which is Contiguous
+// for any strides but channels-last.)
 at::Tensor dense(const at::Tensor& t, at::ScalarType dtype) {
+  if (t.scalar_type() == dtype) return t.contiguous();
   return t.to(dtype, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
 }
 
 // Scores and their gradient come from fp32 GEMMs on the (exact) up-casts, as in the flash
-// kernels, which keep them in fp32 too; the products with the probabilities run in the compute
-// dtype. Saved for backward: dense copies of the inputs and the (B, H, Lq, Lk) probabilities.
+// kernels, which keep them in fp32 too (bf16: brgemm's fp32 sums of the exact products, by
+// blocks of rows); the products with the probabilities run in the compute dtype. Saved for
+// backward: dense copies of the inputs and the (B, H, Lq, Lk) probabilities.
 struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& query, const at::Tensor& key,
                             const at::Tensor& value, bool is_causal) {
@@ -62,9 +106,17 @@ struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto dtype = compute_dtype(query);
     const auto q = dense(query, dtype), k = dense(key, dtype), v = dense(value, dtype);
-    auto scores = at::matmul(dense(q, at::kFloat), dense(k, at::kFloat).transpose(-2, -1));
-    auto probs = dtype == at::kFloat ? scores : at::empty_like(scores, dtype);
-    softmax_kernel().forward(scores, q.size(-2), is_causal, scale_of(q), probs);
+    at::Tensor probs;
+    if (bf16_kernels_run(q)) {
+      auto shape = q.sizes().vec();
+      shape.back() = k.size(-2);
+      probs = at::empty(shape, q.options());
+      softmax_kernel().bf16_forward(q, k, is_causal, scale_of(q), probs);
+    } else {
+      auto scores = at::matmul(dense(q, at::kFloat), dense(k, at::kFloat).transpose(-2, -1));
+      probs = dtype == at::kFloat ? scores : at::empty_like(scores, dtype);
+      softmax_kernel().forward(scores, q.size(-2), is_causal, scale_of(q), probs);
+    }
     ctx->save_for_backward({q, k, v, probs});
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(query.scalar_type()),
@@ -81,11 +133,17 @@ struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
     const auto dtypes = ctx->saved_data["dtypes"].toIntVector();
     const auto dtype = probs.scalar_type();
     const auto grad = dense(grad_outputs[0], dtype);  // exact: the inputs' dtype or fp32
+    const bool is_causal = ctx->saved_data["is_causal"].toBool();
     auto grad_value = at::matmul(probs.transpose(-2, -1), grad);
-    auto grad_probs = at::matmul(dense(grad, at::kFloat), dense(v, at::kFloat).transpose(-2, -1));
-    auto grad_scores = dtype == at::kFloat ? grad_probs : at::empty_like(grad_probs, dtype);
-    softmax_kernel().backward(probs, grad_probs, q.size(-2), ctx->saved_data["is_causal"].toBool(),
-                              scale_of(q), grad_scores);
+    at::Tensor grad_scores;
+    if (bf16_kernels_run(q)) {
+      grad_scores = at::empty_like(probs);
+      softmax_kernel().bf16_backward(probs, grad, v, is_causal, scale_of(q), grad_scores);
+    } else {
+      auto grad_probs = at::matmul(dense(grad, at::kFloat), dense(v, at::kFloat).transpose(-2, -1));
+      grad_scores = dtype == at::kFloat ? grad_probs : at::empty_like(grad_probs, dtype);
+      softmax_kernel().backward(probs, grad_probs, q.size(-2), is_causal, scale_of(q), grad_scores);
+    }
     auto grad_query = at::matmul(grad_scores, k);
     auto grad_key = at::matmul(grad_scores.transpose(-2, -1), q);
     const auto as = [&](int i) { return static_cast<at::ScalarType>(dtypes[i]); };
@@ -113,7 +171,8 @@ AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tenso
     if (!sixteen_bit) return AttentionKernel::kFlash;
     return dtype == at::kHalf || T <= 128 ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash;
   }
-  if (matmul_supported(query, key, dropout_p) && (T <= 128 || (dtype == at::kBFloat16 && T <= 256)))
+  if (matmul_supported(query, key, dropout_p) &&
+      (T <= 128 || (dtype == at::kBFloat16 && T <= (bf16_kernels_run(query) ? 512 : 256))))
     return AttentionKernel::kMatmul;
   if (dtype == at::kFloat) return AttentionKernel::kFlash;
   return dtype == at::kHalf || T <= 256 ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash;

@@ -2,22 +2,30 @@
 
 #include "mixprec/amp/autocast.h"
 
+#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 
 #include "kernels/isa.h"
+#include "models/kernels/attention_softmax.h"
 
 namespace {
 
 using mixprec::models::AttentionKernel;
 using mixprec::models::scaled_dot_product_attention;
 
+// (B, heads, T, head dim) = (2, 2, T, 16) views of (B, T, heads, head dim) tensors, as a
+// model's attention gets them.
+torch::Tensor heads(int64_t T, torch::ScalarType dtype) {
+  return torch::randn({2, T, 2, 16}).to(dtype).transpose(1, 2);
+}
+
 std::vector<torch::Tensor> qkv(int64_t T, torch::ScalarType dtype, int64_t Tk = -1) {
   std::vector<torch::Tensor> t;
-  t.push_back(torch::randn({2, 2, T, 16}).to(dtype));
-  for (int i = 0; i < 2; ++i) t.push_back(torch::randn({2, 2, Tk < 0 ? T : Tk, 16}).to(dtype));
+  t.push_back(heads(T, dtype));
+  for (int i = 0; i < 2; ++i) t.push_back(heads(Tk < 0 ? T : Tk, dtype));
   return t;
 }
 
@@ -38,7 +46,7 @@ std::vector<double> errors(const std::vector<torch::Tensor>& inputs, bool causal
                          : scaled_dot_product_attention(in[0], in[1], in[2], 0.0, causal, kernel);
     EXPECT_EQ(out.scalar_type(), dtype);
     torch::manual_seed(1);
-    out.backward(torch::randn_like(out, torch::kFloat).to(dtype));
+    out.backward(heads(out.size(2), dtype));  // strided, as a model's output gradient
     std::vector<torch::Tensor> r{out.to(torch::kDouble)};
     for (const auto& t : in) r.push_back(t.grad().to(torch::kDouble));
     return r;
@@ -105,6 +113,37 @@ TEST(Attention, MatmulKernelIsAsAccurateAsFlash) {
       }
 }
 
+// Where oneDNN's bf16 brgemm runs, the matmul kernel makes the bf16 scores and their gradient
+// with it (two of its six GEMMs); fp32, fp16 and an odd head dim (no VNNI pairs) take
+// LibTorch's GEMMs for all six. (The test above checks the results.)
+TEST(Attention, MatmulKernelMakesBf16ScoresWithBrgemm) {
+  if (!kernels_built()) GTEST_SKIP() << "no AVX2/AVX-512 kernels on this CPU";
+  static thread_local int gemms = 0;
+  const auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                     -> std::unique_ptr<at::ObserverContext> {
+        const std::string name = fn.name();
+        gemms += name == "aten::bmm" || name == "aten::mm";
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  auto count = [](torch::ScalarType dtype, int64_t head_dim) {
+    std::vector<torch::Tensor> in;
+    for (int i = 0; i < 3; ++i)
+      in.push_back(torch::randn({2, 2, 40, head_dim}, dtype).requires_grad_());
+    gemms = 0;
+    scaled_dot_product_attention(in[0], in[1], in[2], 0.0, true, AttentionKernel::kMatmul)
+        .sum()
+        .backward();
+    return gemms;
+  };
+  const bool brgemm = mixprec::models::kernels::bf16_brgemm_runs();
+  EXPECT_EQ(count(torch::kBFloat16, 16), brgemm ? 4 : 6);
+  EXPECT_EQ(count(torch::kBFloat16, 15), 6);
+  EXPECT_EQ(count(torch::kFloat, 16), 6);
+  EXPECT_EQ(count(torch::kHalf, 16), 6);
+  at::removeCallback(handle);
+}
+
 TEST(Attention, MatmulKernelRejectsWhatItCannotRun) {
   if (!kernels_built()) GTEST_SKIP() << "no AVX2/AVX-512 kernels on this CPU";
   auto in = qkv(8, torch::kFloat);
@@ -128,8 +167,10 @@ TEST(Attention, AutoRunsTheKernelTheRuleNamesAndAutocastDoesNotRecastFp32Work) {
   using mixprec::models::choose_attention_kernel;
   const bool amx = mixprec::kernels::cpu_has_amx_bf16();
   const bool matmul = kernels_built() && !amx;
+  const bool brgemm = matmul && mixprec::models::kernels::bf16_brgemm_runs();
   auto short_bf16 = qkv(128, torch::kBFloat16), mid_bf16 = qkv(160, torch::kBFloat16);
-  auto long_bf16 = qkv(320, torch::kBFloat16), mid_fp16 = qkv(160, torch::kHalf);
+  auto long_bf16 = qkv(320, torch::kBFloat16), longer_bf16 = qkv(600, torch::kBFloat16);
+  auto mid_fp16 = qkv(160, torch::kHalf);
   auto short_fp32 = qkv(64, torch::kFloat), mid_fp32 = qkv(160, torch::kFloat);
   auto rule = [&](const std::vector<torch::Tensor>& in) {
     return choose_attention_kernel(in[0], in[1], 0.0);
@@ -139,7 +180,8 @@ TEST(Attention, AutoRunsTheKernelTheRuleNamesAndAutocastDoesNotRecastFp32Work) {
   EXPECT_EQ(rule(mid_bf16), matmul ? AttentionKernel::kMatmul
                             : amx  ? AttentionKernel::kFlash
                                    : AttentionKernel::kFlashFp32);
-  EXPECT_EQ(rule(long_bf16), AttentionKernel::kFlash);
+  EXPECT_EQ(rule(long_bf16), brgemm ? AttentionKernel::kMatmul : AttentionKernel::kFlash);
+  EXPECT_EQ(rule(longer_bf16), AttentionKernel::kFlash);
   EXPECT_EQ(rule(mid_fp16), AttentionKernel::kFlashFp32);
   EXPECT_EQ(rule(short_fp32), matmul ? AttentionKernel::kMatmul : AttentionKernel::kFlash);
   EXPECT_EQ(rule(mid_fp32), AttentionKernel::kFlash);
@@ -147,7 +189,7 @@ TEST(Attention, AutoRunsTheKernelTheRuleNamesAndAutocastDoesNotRecastFp32Work) {
   auto run = [](const std::vector<torch::Tensor>& in, AttentionKernel k) {
     return scaled_dot_product_attention(in[0], in[1], in[2], 0.0, true, k);
   };
-  for (const auto* in : {&short_bf16, &mid_bf16, &long_bf16, &mid_fp16, &short_fp32})
+  for (const auto* in : {&short_bf16, &mid_bf16, &long_bf16, &longer_bf16, &mid_fp16, &short_fp32})
     EXPECT_TRUE(same(run(*in, AttentionKernel::kAuto), run(*in, rule(*in))));
   // The kernels do differ (else the checks above could not fail).
   ASSERT_FALSE(

@@ -16,12 +16,15 @@ enum class AttentionKernel {
 /// chosen for speed; on other devices and dtypes than fp32/bf16/fp16, LibTorch's kernel as is.
 /// Every kernel returns the inputs' dtype. kFlashFp32 rounds once. kMatmul computes the scores
 /// and their gradient in fp32 (GEMMs on the exact up-casts, as the flash kernels accumulate
-/// them), rounds the probabilities to bf16 for the GEMMs with them as LibTorch's bf16 kernel
-/// does, and runs fp16 inputs in fp32 throughout. Tested against fp64 (attention_test.cpp):
+/// them; for bf16, where oneDNN's bf16 brgemm runs without AMX, its fp32 sums of the exact
+/// products, 32 query rows at a time and only the blocks a causal mask keeps), rounds the
+/// probabilities to bf16 for the GEMMs with them as LibTorch's bf16 kernel does, and runs fp16
+/// inputs in fp32 throughout. Tested against fp64 (attention_test.cpp):
 /// for bf16, gradients as accurate as LibTorch's bf16 kernel, the output within 1.5x its error
 /// (it rounds normalized probabilities where flash rounds exp(s - max), exactly 1 at the max).
-/// kMatmul keeps the (B, heads, Lq, Lk) probabilities for backward (and makes the scores and
-/// their gradient in fp32 whole, for a moment), so kAuto picks it for short sequences only.
+/// kMatmul keeps the (B, heads, Lq, Lk) probabilities for backward (and, but for bf16 with
+/// brgemm, makes the scores and their gradient in fp32 whole, for a moment), so kAuto picks it
+/// for short sequences only.
 ///
 /// kAuto's rule comes from forward + backward timings (ms, causal, 2 threads, LibTorch 2.13;
 /// `build/bench/attention_bench --reps 11`). On the Xeon with AMX-BF16 this project ran on
@@ -33,18 +36,20 @@ enum class AttentionKernel {
 ///   (8, 8, 512, 64)           44.3   69.9           86.5   70.6
 ///   (4, 12, 1024, 64)         87.7   151.8          148.5  138.4
 ///
-/// On an AMD EPYC (Zen 5: AVX512-BF16, no AMX), flash / flash on fp32 / matmul:
+/// On an AMD EPYC (Zen 5: AVX512-BF16, no AMX), flash / flash on fp32 / matmul (bf16 matmul
+/// with brgemm; without it, before brgemm was used: 1.9, 22.3, 157, 462):
 ///
 ///   (B, heads, T, head dim)   fp32                bf16                fp16
-///   (8, 4, 128, 32)           3.2 / 3.4 / 2.0     9.0 / 4.2 / 1.9     13.0 / 2.5 / 1.9
-///   (8, 8, 256, 64)           29.9 / 29.7 / 30.6  31.4 / 32.0 / 22.3  192 / 33.1 / 31.6
-///   (8, 8, 512, 64)           125 / 130 / 145     122 / 135 / 157     846 / 130 / 166
-///   (4, 12, 1024, 64)         225 / 236 / 416     191 / 230 / 462     1711 / 239 / 410
+///   (8, 4, 128, 32)           4.4 / 2.5 / 1.9     5.8 / 2.7 / 1.7     13.1 / 2.6 / 2.3
+///   (8, 8, 256, 64)           32.9 / 31.1 / 31.2  32.0 / 32.3 / 17.7  182 / 30.8 / 30.5
+///   (8, 8, 512, 64)           110 / 109 / 143     103 / 112 / 97      842 / 116 / 146
+///   (4, 12, 1024, 64)         230 / 225 / 417     200 / 252 / 294     1733 / 243 / 422
 ///
 /// So, with AMX-BF16 (LibTorch's bf16 kernels run on it): fp32 as is, fp16 in fp32, bf16 in
-/// fp32 up to T = 128 and natively above. Without: kMatmul up to T = 128 in every dtype and up
-/// to 256 in bf16; above that fp32 and bf16 as is, fp16 in fp32 (and bf16 in fp32 up to 256
-/// where kMatmul cannot run, e.g. with dropout). T is the longer of queries and keys. Under
+/// fp32 up to T = 128 and natively above. Without: kMatmul up to T = 128 in every dtype and in
+/// bf16 up to 512 with brgemm, 256 without; above that fp32 and bf16 as is, fp16 in fp32 (and
+/// bf16 in fp32 up to 256 where kMatmul cannot run, e.g. with dropout). T is the longer of
+/// queries and keys. Under
 /// autocast the kernels run with autocast off, so fp32 work is not cast back to 16 bits.
 at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key,
                                         const at::Tensor& value, double dropout_p, bool is_causal,

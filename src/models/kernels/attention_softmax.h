@@ -11,18 +11,34 @@
 // with D_r = sum_j probs[r, j] * grad_probs[r, j], computed in fp32 and
 // rounded once. grad_probs: contiguous fp32, overwritten; grad_scores:
 // contiguous, probs' dtype (float: may be grad_probs itself).
+//
+// attention_bf16_forward / _backward: the same from contiguous bf16 (.., L, D)
+// inputs, with the fp32 products (scores = q kᵀ, grad_probs = grad vᵀ) made by
+// oneDNN's brgemm 32 rows at a time and never whole (causal: the kept columns
+// only). They need D even and bf16_brgemm_runs().
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 namespace mixprec::models::kernels {
+// Whether LibTorch has a bf16 brgemm that runs here (models/attention.cpp).
+bool bf16_brgemm_runs();
+
 namespace avx2 {
+void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, bool causal, float scale,
+                            const at::Tensor& probs);
+void attention_bf16_backward(const at::Tensor& probs, const at::Tensor& grad, const at::Tensor& v,
+                             bool causal, float scale, const at::Tensor& grad_scores);
 void attention_softmax_forward(const at::Tensor& scores, int64_t Lq, bool causal, float scale,
                                const at::Tensor& probs);
 void attention_softmax_backward(const at::Tensor& probs, const at::Tensor& grad_probs, int64_t Lq,
                                 bool causal, float scale, const at::Tensor& grad_scores);
 }  // namespace avx2
 namespace avx512 {
+void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, bool causal, float scale,
+                            const at::Tensor& probs);
+void attention_bf16_backward(const at::Tensor& probs, const at::Tensor& grad, const at::Tensor& v,
+                             bool causal, float scale, const at::Tensor& grad_scores);
 void attention_softmax_forward(const at::Tensor& scores, int64_t Lq, bool causal, float scale,
                                const at::Tensor& probs);
 void attention_softmax_backward(const at::Tensor& probs, const at::Tensor& grad_probs, int64_t Lq,
