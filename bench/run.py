@@ -70,29 +70,31 @@ def run_one(impl, config, args):
 
 # (impl, precision, fast path, level) of the GPT-2 workload; PyTorch has no
 # fast path; level "accelerator" is mixprec's Accelerator or HF Accelerate's,
-# "trainer" mixprec's Trainer or transformers'.
+# "trainer" mixprec's Trainer or transformers'. A precision's configurations
+# run back to back within a rep, so that the ratios between them (mixprec /
+# PyTorch, the overheads) are taken where the machine's drift is least.
 GPT2_CONFIGS = [
     ("mixprec", "fp32", None, "loop"),
     ("pytorch", "fp32", None, "loop"),
+    ("mixprec", "fp32", None, "accelerator"),
+    ("pytorch", "fp32", None, "accelerator"),
+    ("mixprec", "fp32", None, "trainer"),
+    ("pytorch", "fp32", None, "trainer"),
     ("mixprec", "bf16", None, "loop"),
     ("pytorch", "bf16", None, "loop"),
+    ("mixprec", "bf16", None, "accelerator"),
+    ("pytorch", "bf16", None, "accelerator"),
+    ("mixprec", "bf16", None, "trainer"),
+    ("pytorch", "bf16", None, "trainer"),
     ("mixprec", "fp16", "on", "loop"),
     ("mixprec", "fp16", "off", "loop"),
     ("pytorch", "fp16", None, "loop"),
-    ("mixprec", "bf16-pure", None, "loop"),
-    ("pytorch", "bf16-pure", None, "loop"),
-    ("mixprec", "fp32", None, "accelerator"),
-    ("pytorch", "fp32", None, "accelerator"),
-    ("mixprec", "bf16", None, "accelerator"),
-    ("pytorch", "bf16", None, "accelerator"),
     ("mixprec", "fp16", None, "accelerator"),
     ("pytorch", "fp16", None, "accelerator"),
-    ("mixprec", "fp32", None, "trainer"),
-    ("pytorch", "fp32", None, "trainer"),
-    ("mixprec", "bf16", None, "trainer"),
-    ("pytorch", "bf16", None, "trainer"),
     ("mixprec", "fp16", None, "trainer"),
     ("pytorch", "fp16", None, "trainer"),
+    ("mixprec", "bf16-pure", None, "loop"),
+    ("pytorch", "bf16-pure", None, "loop"),
 ]
 
 
@@ -189,10 +191,15 @@ def main_gpt2(args):
     def cell(v, fmt="{:.0f}"):  # None: not run, or timed out (listed after the tables)
         return "-" if v is None else fmt.format(v)
 
+    def paired(a, b, key="tokens_per_s"):  # median over the reps of a's value / b's, each pair from one rep
+        if median(a, key) is None or median(b, key) is None:
+            return None
+        return statistics.median(x[key] / y[key] for x, y in zip(runs[a], runs[b]) if key in x and key in y)
+
     import torch
     shape = {"small": "2 layers x 128, 4 heads, T 128", "large": "6 layers x 512, 8 heads, T 256"}[size]
     print(f"GPT-2 {size} ({shape}, B 8, V 4096), level-1 loop, fused AdamW, {args.steps} timed steps after 2 "
-          f"warm-up, median of {args.reps} interleaved runs; {platform.processor() or platform.machine()}, "
+          f"warm-up, median of {args.reps} interleaved runs (ratios: median of the ratios within a rep); {platform.processor() or platform.machine()}, "
           f"torch {torch.__version__}, 2 threads"
           + ("; every process with " + " ".join(f"{k}={v}" for k, v in MALLOC_REUSE.items()) if args.malloc_reuse
              else "") + ".\n")
@@ -219,8 +226,7 @@ def main_gpt2(args):
              ("mixprec", "bf16-pure", None, "loop"), ("pytorch", "bf16-pure", None, "loop"))]
     for name, m, t in rows:
         mv, tv = median(m), median(t)
-        ratio = "-" if mv is None or tv is None else f"{mv / tv:.2f}x"
-        print(f"| {name} | {cell(mv)} | {cell(tv)} | {ratio} | {cell(median(m, pick=max))} / "
+        print(f"| {name} | {cell(mv)} | {cell(tv)} | {cell(paired(m, t), '{:.2f}x')} | {cell(median(m, pick=max))} / "
               f"{cell(median(t, pick=max))} | {cell(median(m, 'peak_rss_mb'))} / {cell(median(t, 'peak_rss_mb'))} "
               f"| {cell(median(m, 'activation_mb'))} / {cell(median(t, 'activation_mb'))} | {mfu(m)} / {mfu(t)} |")
     print("\nActivations: what one forward leaves allocated for the backward (saved tensors, autocast's 16-bit "
@@ -233,25 +239,28 @@ def main_gpt2(args):
     print("\n| precision | mixprec loop | Accelerator | Trainer | overhead: Accelerator / Trainer "
           "| PyTorch loop | HF Accelerate | HF Trainer | overhead: Accelerate / HF Trainer |")
     print("|---|---|---|---|---|---|---|---|---|")
-    over = lambda loop, v: "-" if loop is None or v is None else f"{100 * (loop / v - 1):+.1f}%"
+    def over(loop, level):
+        ratio = paired(loop, level)
+        return "-" if ratio is None else f"{100 * (ratio - 1):+.1f}%"
+
     for precision in ("fp32", "bf16", "fp16"):
-        ml = median(("mixprec", precision, None, "loop"))
+        loop = ("mixprec", precision, None, "loop")
         if precision == "fp16":  # the loop run whose fast path is the Accelerator's (kAuto)
             active = any(r["fast_path_active"] for r in runs.get(("mixprec", "fp16", None, "accelerator"), []))
-            ml = median(("mixprec", "fp16", "on" if active else "off", "loop"))
-        ma, mt = median(("mixprec", precision, None, "accelerator")), median(("mixprec", precision, None, "trainer"))
-        pl, pa, pt = (median(("pytorch", precision, None, level)) for level in ("loop", "accelerator", "trainer"))
-        print(f"| {precision} | {cell(ml)} | {cell(ma)} | {cell(mt)} | {over(ml, ma)} / {over(ml, mt)} "
-              f"| {cell(pl)} | {cell(pa)} | {cell(pt)} | {over(pl, pa)} / {over(pl, pt)} |")
-    print("\nOverhead = loop tokens/s / (Accelerator or Trainer) tokens/s - 1. The Trainers clip gradients at 1 "
+            loop = ("mixprec", "fp16", "on" if active else "off", "loop")
+        m = [loop] + [("mixprec", precision, None, level) for level in ("accelerator", "trainer")]
+        t = [("pytorch", precision, None, level) for level in ("loop", "accelerator", "trainer")]
+        print(f"| {precision} | {' | '.join(cell(median(c)) for c in m)} | {over(m[0], m[1])} / {over(m[0], m[2])} "
+              f"| {' | '.join(cell(median(c)) for c in t)} | {over(t[0], t[1])} / {over(t[0], t[2])} |")
+    print("\nOverhead = loop tokens/s / (Accelerator or Trainer) tokens/s - 1, the median of its ratios within a "
+          "rep (as the mixprec / PyTorch column). The Trainers clip gradients at 1 "
           "(HF's default) and shuffle; the loops do neither. HF Accelerate and the HF Trainer on a CPU train fp16 in "
           "fp32 (their final losses equal their fp32 runs'); mixprec's run fp16 autocast + GradScaler.")
 
     def ratio(a, b, key="tokens_per_s"):
-        va, vb = median(a, key), median(b, key)
-        return "-" if va is None or vb is None else f"{va / vb:.2f}"
+        return cell(paired(a, b, key), "{:.2f}")
 
-    print(f"\nfp16 / fp32 tokens/s (medians): mixprec fast path on "
+    print(f"\nfp16 / fp32 tokens/s (medians of the ratios within a rep): mixprec fast path on "
           f"{ratio(('mixprec', 'fp16', 'on', 'loop'), ('mixprec', 'fp32', None, 'loop'))}"
           f", fast path off {ratio(('mixprec', 'fp16', 'off', 'loop'), ('mixprec', 'fp32', None, 'loop'))}"
           f", PyTorch {ratio(('pytorch', 'fp16', None, 'loop'), ('pytorch', 'fp32', None, 'loop'))}.")
@@ -259,7 +268,7 @@ def main_gpt2(args):
     for impl in ("mixprec", "pytorch"):
         fp16 = ("mixprec", "fp16", "on", "loop") if impl == "mixprec" else ("pytorch", "fp16", None, "loop")
         rss = lambda config: ratio(config, (impl, "fp32", None, "loop"), "peak_rss_mb")
-        print(f"Peak RSS / fp32's, {impl} loop (medians): bf16 mixed {rss((impl, 'bf16', None, 'loop'))}, "
+        print(f"Peak RSS / fp32's, {impl} loop (medians of the ratios within a rep): bf16 mixed {rss((impl, 'bf16', None, 'loop'))}, "
               f"fp16 mixed {rss(fp16)}, pure bf16 {rss((impl, 'bf16-pure', None, 'loop'))}.")
     if timed_out:
         print(f"\nTimed out (> {args.timeout:.0f} s), shown as -: "
