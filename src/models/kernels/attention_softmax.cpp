@@ -1,7 +1,8 @@
 // The softmax between the two GEMMs of models/attention.cpp's matmul attention,
 // forward and backward, one pass over each row (held in L1): scale, causal mask,
 // softmax and the rounding to the probabilities' dtype in one kernel, where
-// LibTorch's ops would make four passes and a mask. Built once per instruction
+// LibTorch's ops would make four passes and a mask; for bf16, also the GEMM
+// before it (oneDNN's brgemm, by blocks of rows). Built once per instruction
 // set (CMakeLists.txt).
 #include "models/kernels/attention_softmax.h"
 #include "kernels/dispatch.h"
