@@ -1,7 +1,9 @@
 // Helpers shared by the test suites.
 #pragma once
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
+#include <c10/util/ScopeExit.h>
 
 #include <sys/wait.h>
 #include <cstdio>
@@ -11,6 +13,7 @@
 #include <nlohmann/json.hpp>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace mixprec::testing {
 
@@ -30,6 +33,26 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what_without_backtrace();
   }
   return "<no error>";
+}
+
+/// The names of the LibTorch ops (RecordFunction's FUNCTION scope) that f runs on this thread,
+/// in order.
+inline std::vector<std::string> ops_run_by(const std::function<void()>& f) {
+  static thread_local std::vector<std::string>* names = nullptr;  // the callback cannot capture
+  std::vector<std::string> seen;
+  names = &seen;
+  const auto handle = at::addThreadLocalCallback(
+      at::RecordFunctionCallback([](const at::RecordFunction& fn)
+                                     -> std::unique_ptr<at::ObserverContext> {
+        names->emplace_back(fn.name());
+        return nullptr;
+      }).scopes({at::RecordScope::FUNCTION}));
+  const auto remove = c10::make_scope_exit([&] {
+    at::removeCallback(handle);
+    names = nullptr;
+  });
+  f();
+  return seen;
 }
 
 /// Runs a shell command and returns what it printed on stdout; `exit_code`,

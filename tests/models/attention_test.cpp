@@ -2,14 +2,15 @@
 
 #include "mixprec/amp/autocast.h"
 
-#include <ATen/record_function.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/isa.h"
 #include "models/kernels/attention_softmax.h"
+#include "test_util.h"
 
 namespace {
 
@@ -118,30 +119,24 @@ TEST(Attention, MatmulKernelIsAsAccurateAsFlash) {
 // LibTorch's GEMMs for all six. (The test above checks the results.)
 TEST(Attention, MatmulKernelMakesBf16ScoresWithBrgemm) {
   if (!kernels_built()) GTEST_SKIP() << "no AVX2/AVX-512 kernels on this CPU";
-  static thread_local int gemms = 0;
-  const auto handle = at::addThreadLocalCallback(
-      at::RecordFunctionCallback([](const at::RecordFunction& fn)
-                                     -> std::unique_ptr<at::ObserverContext> {
-        const std::string name = fn.name();
-        gemms += name == "aten::bmm" || name == "aten::mm";
-        return nullptr;
-      }).scopes({at::RecordScope::FUNCTION}));
   auto count = [](torch::ScalarType dtype, int64_t head_dim) {
     std::vector<torch::Tensor> in;
     for (int i = 0; i < 3; ++i)
       in.push_back(torch::randn({2, 2, 40, head_dim}, dtype).requires_grad_());
-    gemms = 0;
-    scaled_dot_product_attention(in[0], in[1], in[2], 0.0, true, AttentionKernel::kMatmul)
-        .sum()
-        .backward();
-    return gemms;
+    const auto ops = mixprec::testing::ops_run_by([&] {
+      scaled_dot_product_attention(in[0], in[1], in[2], 0.0, true, AttentionKernel::kMatmul)
+          .sum()
+          .backward();
+    });
+    return std::count_if(ops.begin(), ops.end(), [](const std::string& op) {
+      return op == "aten::bmm" || op == "aten::mm";
+    });
   };
   const bool brgemm = mixprec::models::kernels::bf16_brgemm_runs();
   EXPECT_EQ(count(torch::kBFloat16, 16), brgemm ? 4 : 6);
   EXPECT_EQ(count(torch::kBFloat16, 15), 6);
   EXPECT_EQ(count(torch::kFloat, 16), 6);
   EXPECT_EQ(count(torch::kHalf, 16), 6);
-  at::removeCallback(handle);
 }
 
 TEST(Attention, MatmulKernelRejectsWhatItCannotRun) {
