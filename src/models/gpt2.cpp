@@ -4,6 +4,7 @@
 #include "mixprec/models/attention.h"
 #include "mixprec/models/cross_entropy.h"
 #include "mixprec/models/gelu.h"
+#include "mixprec/models/linear.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -181,9 +182,7 @@ Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
 }
 
 torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
-  auto sizes = x.sizes().vec();
-  sizes.back() = weight.size(1);
-  return at::addmm(bias, x.reshape({-1, x.size(-1)}), weight).view(sizes);
+  return models::linear(x, weight, bias, WeightLayout::kInOut);
 }
 
 GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& config)
@@ -278,7 +277,7 @@ ModelOutput GPT2LMHeadModelImpl::forward(const torch::Tensor& input_ids,
                                          const torch::Tensor& labels) {
   auto x = transformer(input_ids);  // (B, T, C)
   ModelOutput out;
-  out.logits = at::linear(x, transformer->wte->weight);  // (B, T, V), tied lm_head
+  out.logits = models::linear(x, transformer->wte->weight);  // (B, T, V), tied lm_head
   if (labels.defined()) {
     TORCH_CHECK(labels.sizes() == input_ids.sizes() && labels.scalar_type() == at::kLong,
                 "GPT-2: labels must be int64 of the shape of input_ids ", input_ids.sizes(),

@@ -35,8 +35,8 @@ struct GPT2Config {
   void validate() const;
 };
 
-/// HF's `Conv1D`: a linear layer whose weight is stored (in, out), computed with addmm exactly
-/// as HF does, so checkpoints load without a transpose.
+/// HF's `Conv1D`: a linear layer whose weight is stored (in, out), so checkpoints load without a
+/// transpose; `models::linear` with WeightLayout::kInOut (HF's addmm, or oneDNN's GEMMs in fp32).
 class Conv1DImpl : public torch::nn::Module {
  public:
   Conv1DImpl(int64_t in_features, int64_t out_features);

@@ -1,0 +1,31 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+namespace mixprec::models {
+
+/// How a linear layer stores its weight.
+enum class WeightLayout {
+  kOutIn,  ///< (out, in): torch::nn::Linear, a tied LM head (`at::linear`)
+  kInOut,  ///< (in, out): HF's Conv1D in GPT-2 (`at::addmm(bias, x, weight)`)
+};
+
+/// A linear layer, (..., in) -> (..., out): `at::linear(x, weight, bias)` for kOutIn,
+/// `at::addmm(bias, x, weight)` on the flattened x for kInOut; `bias` may be undefined.
+///
+/// fp32 CPU tensors outside autocast take oneDNN's fp32 GEMMs (LibTorch's
+/// `mkldnn::_linear_pointwise`, bias fused) for the output and the input gradient, where
+/// oneDNN is on; the weight gradient stays on `at::mm`. Same fp32 math in another summation
+/// order. LibTorch's own fp32 GEMMs are MKL's, which run AVX2 code on AMD CPUs: on the
+/// AVX-512 Zen 5 where mixprec is benchmarked, oneDNN's were 1.1-1.5x faster for GPT-2's
+/// shapes (`bench/linear_bench`). Everything else (other dtypes and devices, autocast, a
+/// LibTorch without oneDNN or with it switched off) calls the LibTorch op above, so autocast
+/// and mixprec's fp16 CPU path see it as before. The oneDNN path is differentiable once.
+at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
+                  WeightLayout layout = WeightLayout::kOutIn);
+
+/// Whether `linear` computes fp32 CPU tensors with oneDNN here (and now: it follows
+/// `at::globalContext().userEnabledMkldnn()`).
+bool linear_uses_onednn();
+
+}  // namespace mixprec::models

@@ -1,0 +1,131 @@
+#include "mixprec/models/linear.h"
+
+#include <gtest/gtest.h>
+#include <mixprec/amp/autocast.h>
+#include <torch/torch.h>
+
+#include <algorithm>
+#include <string>
+
+#include "test_util.h"
+
+namespace {
+
+using mixprec::models::linear;
+using mixprec::models::WeightLayout;
+
+// Forward and backward of linear(x, w, b) against the same layer in fp64 (at::linear on the
+// weight as (out, in)): within 1e-5 of each result's largest entry.
+void expect_matches_fp64(const torch::Tensor& x, const torch::Tensor& w, const torch::Tensor& b,
+                         WeightLayout layout) {
+  const bool in_out = layout == WeightLayout::kInOut;
+  auto leaf = [](const torch::Tensor& t) { return t.defined() ? t.detach().requires_grad_() : t; };
+  auto x1 = leaf(x), w1 = leaf(w), b1 = leaf(b);
+  auto x2 = leaf(x.to(torch::kDouble)), w2 = leaf(w.to(torch::kDouble));
+  auto b2 = b.defined() ? leaf(b.to(torch::kDouble)) : torch::Tensor();
+  const auto y1 = linear(x1, w1, b1, layout);
+  const auto y2 =
+      at::linear(x2, in_out ? w2.t() : w2, b2.defined() ? std::optional(b2) : std::nullopt);
+  ASSERT_EQ(y1.sizes(), y2.sizes());
+  ASSERT_EQ(y1.scalar_type(), torch::kFloat);
+  const auto dy = torch::randn_like(y2);
+  y1.backward(dy.to(torch::kFloat));
+  y2.backward(dy);
+  auto expect_close = [](const torch::Tensor& got, const torch::Tensor& want, const char* what) {
+    ASSERT_TRUE(got.defined()) << what;
+    ASSERT_EQ(got.sizes(), want.sizes()) << what;
+    EXPECT_LE((got.to(torch::kDouble) - want).abs().max().item<double>(),
+              1e-5 * want.abs().max().item<double>())
+        << what;
+  };
+  expect_close(y1, y2, "output");
+  expect_close(x1.grad(), x2.grad(), "input gradient");
+  expect_close(w1.grad(), w2.grad(), "weight gradient");
+  if (b.defined()) expect_close(b1.grad(), b2.grad(), "bias gradient");
+}
+
+TEST(Linear, MatchesFp64InBothLayoutsWithAndWithoutBias) {
+  torch::manual_seed(0);
+  for (auto layout : {WeightLayout::kOutIn, WeightLayout::kInOut}) {
+    for (bool with_bias : {true, false}) {
+      SCOPED_TRACE(std::string(layout == WeightLayout::kInOut ? "(in, out)" : "(out, in)") +
+                   (with_bias ? ", bias" : ", no bias"));
+      const int64_t in = 48, out = 80;
+      const auto w =
+          layout == WeightLayout::kInOut ? torch::randn({in, out}) : torch::randn({out, in});
+      const auto b = with_bias ? torch::randn({out}) : torch::Tensor();
+      expect_matches_fp64(torch::randn({3, 17, in}), w, b, layout);  // (B, T, in)
+      expect_matches_fp64(torch::randn({33, in}), w, b, layout);
+      // Strided: the transposed view a model hands over after attention's heads.
+      expect_matches_fp64(torch::randn({17, 3, in}).transpose(0, 1), w, b, layout);
+    }
+  }
+}
+
+// fp32 CPU tensors outside autocast go to oneDNN (output and input gradient) wherever
+// LibTorch has it on; everything else to LibTorch's op, which autocast and mixprec's fp16 path
+// see.
+TEST(Linear, TakesOnednnForFp32OutsideAutocastOnly) {
+  EXPECT_EQ(mixprec::models::linear_uses_onednn(), at::hasMKLDNN());
+  auto ops_of = [](torch::ScalarType dtype, bool autocast) {
+    const auto x = torch::randn({4, 8, 16}, dtype).requires_grad_();
+    const auto w = torch::randn({16, 24}, dtype).requires_grad_();
+    const auto b = torch::zeros({24}, dtype).requires_grad_();
+    return mixprec::testing::ops_run_by([&] {
+      torch::Tensor y;
+      {
+        std::optional<mixprec::amp::Autocast> guard;
+        if (autocast) guard.emplace(torch::kCPU, torch::kBFloat16);
+        y = linear(x, w, b, WeightLayout::kInOut);
+        if (autocast) {
+          EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+        }
+      }
+      y.to(torch::kFloat).sum().backward();
+    });
+  };
+  auto count = [](const std::vector<std::string>& ops, const std::string& name) {
+    return std::count(ops.begin(), ops.end(), name);
+  };
+  const auto fp32 = ops_of(torch::kFloat, false);
+  EXPECT_EQ(count(fp32, "mkldnn::_linear_pointwise"), at::hasMKLDNN() ? 2 : 0);
+  EXPECT_EQ(count(fp32, "aten::addmm"), at::hasMKLDNN() ? 0 : 1);
+  for (auto [dtype, autocast] :
+       {std::pair{torch::kFloat, true}, {torch::kBFloat16, false}, {torch::kDouble, false}}) {
+    const auto ops = ops_of(dtype, autocast);
+    EXPECT_EQ(count(ops, "mkldnn::_linear_pointwise"), 0) << dtype << (autocast ? " autocast" : "");
+    EXPECT_GE(count(ops, "aten::addmm"), 1) << dtype << (autocast ? " autocast" : "");
+  }
+  // Switched off as LibTorch's own oneDNN paths are (torch.backends.mkldnn.enabled = False).
+  at::globalContext().setUserEnabledMkldnn(false);
+  const bool used_while_off = mixprec::models::linear_uses_onednn();
+  const auto off = ops_of(torch::kFloat, false);
+  at::globalContext().setUserEnabledMkldnn(true);
+  EXPECT_FALSE(used_while_off);
+  EXPECT_EQ(count(off, "mkldnn::_linear_pointwise"), 0);
+  EXPECT_EQ(count(off, "aten::addmm"), 1);
+}
+
+TEST(Linear, NoRowsGiveAnEmptyOutputAndZeroWeightGradient) {
+  const auto x = torch::randn({0, 16}).requires_grad_();
+  const auto w = torch::randn({16, 24}).requires_grad_();
+  const auto y = linear(x, w, {}, WeightLayout::kInOut);
+  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{0, 24}));
+  y.sum().backward();
+  EXPECT_TRUE(w.grad().defined() && w.grad().eq(0).all().item<bool>());
+}
+
+TEST(Linear, RejectsAWeightThatDoesNotFit) {
+  const auto x = torch::randn({4, 16});
+  try {
+    linear(x, torch::randn({24, 16}), {}, WeightLayout::kInOut);
+    FAIL() << "expected an error";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(
+        std::string(e.what()).find("does not fit a weight of shape [24, 16] stored (in, out)"),
+        std::string::npos)
+        << e.what();
+  }
+}
+
+}  // namespace
