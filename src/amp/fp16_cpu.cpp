@@ -16,7 +16,9 @@
 // setting is read on every call, so it can be switched off at any time.
 //
 // What: up-cast the fp16 inputs to fp32 (exact), run the fp32 kernel (fp32
-// accumulation, the fast GEMM), round the result to fp16 once. A matmul's
+// accumulation, the fast GEMM: for mm and a linear layer's addmm with a
+// row-major first operand, oneDNN's, as models::linear's), round the result to
+// fp16 once. A matmul's
 // backward up-casts its incoming gradient twice (once per input's gradient, the
 // second time often as a transposed view): a small cache of the last up-casts
 // serves the second (UpcastCache).
@@ -51,6 +53,8 @@
 #include <deque>
 #include <memory>
 #include <mutex>
+
+#include "kernels/onednn_linear.h"
 
 namespace mixprec::amp {
 
@@ -128,9 +132,17 @@ std::optional<at::Tensor> up(const std::optional<at::Tensor>& t) {
 }
 at::Tensor down(const at::Tensor& t) { return t.defined() ? t.to(at::kHalf) : t; }
 
+// The fp32 product a b + bias (bias (N) or undefined): oneDNN's GEMM where it runs and beats
+// MKL's (kernels/onednn_linear.h), else LibTorch's.
+at::Tensor fp32_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
+  if (kernels::row_major(a) && kernels::onednn_linear_available())
+    return kernels::onednn_linear(a, b.t(), bias);
+  return bias.defined() ? at::cpu::addmm(bias, a, b) : at::cpu::mm(a, b);
+}
+
 at::Tensor mm(const at::Tensor& self, const at::Tensor& mat2) {
   if (!fast({&self, &mat2})) return at::cpu::mm(self, mat2);
-  return down(at::cpu::mm(up(self), up(mat2)));
+  return down(fp32_addmm({}, up(self), up(mat2)));
 }
 
 at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
@@ -141,6 +153,8 @@ at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                  const at::Scalar& beta, const at::Scalar& alpha) {
   if (!fast({&self, &mat1, &mat2})) return at::cpu::addmm(self, mat1, mat2, beta, alpha);
+  if (beta.equal(1) && alpha.equal(1) && self.dim() == 1 && self.size(0) == mat2.size(1))
+    return down(fp32_addmm(up(self), up(mat1), up(mat2)));  // a linear layer's
   return down(at::cpu::addmm(up(self), up(mat1), up(mat2), beta, alpha));
 }
 

@@ -2,51 +2,18 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <torch/autograd.h>
 
 #include <optional>
 
+#include "kernels/onednn_linear.h"
+
 namespace mixprec::models {
 namespace {
 
+using mixprec::kernels::onednn_linear;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
-
-// LibTorch's oneDNN linear, y = x w^T + b for x (M, K), w (N, K) of any strides: the op
-// TorchInductor's CPU fusions call. Called boxed: its C++ signature changed across
-// LibTorch versions, its schema did not.
-const c10::OperatorHandle* linear_pointwise_op() {
-  static const auto op = c10::Dispatcher::singleton().findSchema({"mkldnn::_linear_pointwise", ""});
-  return op ? &*op : nullptr;
-}
-
-at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
-  torch::jit::Stack stack{x,
-                          w,
-                          bias.defined() ? c10::IValue(bias) : c10::IValue(),
-                          c10::IValue("none"),
-                          c10::IValue(c10::List<std::optional<at::Scalar>>()),
-                          c10::IValue()};
-  linear_pointwise_op()->callBoxed(&stack);
-  return std::move(stack[0]).toTensor();
-}
-
-// Whether the op exists and computes a 2x2 product right: a LibTorch built without oneDNN
-// registers no kernel for it.
-bool onednn_linear_runs() {
-  static const bool runs = [] {
-    if (!at::hasMKLDNN() || linear_pointwise_op() == nullptr) return false;
-    try {
-      const auto x = at::arange(1, 5, at::kFloat).view({2, 2});  // (1 2; 3 4)
-      const auto y = onednn_linear(x, x, at::ones({2}));         // x x^T + 1
-      return at::equal(y, at::tensor({6.f, 12.f, 12.f, 26.f}).view({2, 2}));
-    } catch (const c10::Error&) {
-      return false;
-    }
-  }();
-  return runs;
-}
 
 struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
   // bias as an optional: autograd::Function takes no undefined tensors.
@@ -79,9 +46,7 @@ struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
 
 }  // namespace
 
-bool linear_uses_onednn() {
-  return onednn_linear_runs() && at::globalContext().userEnabledMkldnn();
-}
+bool linear_uses_onednn() { return mixprec::kernels::onednn_linear_available(); }
 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                   WeightLayout layout) {

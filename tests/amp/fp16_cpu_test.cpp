@@ -15,6 +15,8 @@
 #include <string>
 #include <vector>
 
+#include "test_util.h"
+
 namespace {
 
 using mixprec::amp::Fp16CpuPath;
@@ -57,21 +59,46 @@ TEST_F(Fp16CpuTest, MatmulsMatchFp64ReferenceRoundedToFp16) {
   const int64_t k = 96;
   auto a = half_randn({33, k}), b = half_randn({k, 17}), c = half_randn({33, 17});
   auto ba = half_randn({4, 9, k}), bb = half_randn({4, k, 5}), bc = half_randn({4, 9, 5});
-  at::Tensor mm, addmm, bmm, baddbmm;
+  auto bias = half_randn({17}), a_t = half_randn({k, 33}).t();  // a transposed a
+  at::Tensor mm, mm_t, addmm, addmm_bias, bmm, baddbmm;
   EXPECT_EQ(calls([&] {
               mm = at::mm(a, b);
+              mm_t = at::mm(a_t, b);
               addmm = at::addmm(c, a, b, 0.5, 2.0);
+              addmm_bias = at::addmm(bias, a, b);  // a linear layer's
               bmm = at::bmm(ba, bb);
               baddbmm = at::baddbmm(bc, ba, bb, 0.5, 2.0);
             }),
-            4);
+            6);
   expect_within_fp16_bound(mm, d(a).mm(d(b)), d(a).abs().mm(d(b).abs()), k, "mm");
+  expect_within_fp16_bound(mm_t, d(a_t).mm(d(b)), d(a_t).abs().mm(d(b).abs()), k,
+                           "mm, a transposed");
+  expect_within_fp16_bound(addmm_bias, d(bias) + d(a).mm(d(b)),
+                           d(bias).abs() + d(a).abs().mm(d(b).abs()), k + 1, "addmm with a bias");
   expect_within_fp16_bound(addmm, 0.5 * d(c) + 2.0 * d(a).mm(d(b)),
                            0.5 * d(c).abs() + 2.0 * d(a).abs().mm(d(b).abs()), k + 1, "addmm");
   expect_within_fp16_bound(bmm, d(ba).bmm(d(bb)), d(ba).abs().bmm(d(bb).abs()), k, "bmm");
   expect_within_fp16_bound(baddbmm, 0.5 * d(bc) + 2.0 * d(ba).bmm(d(bb)),
                            0.5 * d(bc).abs() + 2.0 * d(ba).abs().bmm(d(bb).abs()), k + 1,
                            "baddbmm");
+}
+
+// mm, and a linear layer's addmm (bias (N), beta = alpha = 1), with a row-major first operand
+// compute their fp32 product with oneDNN where LibTorch has it (as models::linear does); other
+// forms with LibTorch's fp32 GEMM (MKL).
+TEST_F(Fp16CpuTest, Fp32ProductsTakeOnednnWhereItRuns) {
+  auto a = half_randn({33, 64}), b = half_randn({64, 17}), bias = half_randn({17});
+  auto onednn_calls = [](const std::function<void()>& f) {
+    const auto ops = mixprec::testing::ops_run_by(f);
+    return std::count(ops.begin(), ops.end(), "mkldnn::_linear_pointwise");
+  };
+  const int64_t onednn = at::hasMKLDNN() ? 1 : 0;
+  at::mm(a, b);  // the first one probes oneDNN, with a call of its own
+  EXPECT_EQ(onednn_calls([&] { at::mm(a, b); }), onednn);
+  EXPECT_EQ(onednn_calls([&] { at::addmm(bias, a, b); }), onednn);
+  EXPECT_EQ(onednn_calls([&] { at::mm(a.t().contiguous().t(), b); }), 0);
+  EXPECT_EQ(onednn_calls([&] { at::addmm(bias, a, b, 0.5, 2.0); }), 0);
+  EXPECT_EQ(onednn_calls([&] { at::addmm(half_randn({33, 17}), a, b); }), 0);
 }
 
 // Matrix-vector and vector-vector products: what matmul does with 1-D operands.
