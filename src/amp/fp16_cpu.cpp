@@ -132,11 +132,14 @@ std::optional<at::Tensor> up(const std::optional<at::Tensor>& t) {
 }
 at::Tensor down(const at::Tensor& t) { return t.defined() ? t.to(at::kHalf) : t; }
 
-// The fp32 product a b + bias (bias (N) or undefined): oneDNN's GEMM where it runs and beats
-// MKL's (kernels/onednn_linear.h), else LibTorch's.
+// The fp32 product a b + bias (bias (N) or undefined): oneDNN's GEMM for a row-major a of
+// fitting shape where it runs (kernels/onednn_linear.h), else LibTorch's, with its checks.
 at::Tensor fp32_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
-  if (kernels::row_major(a) && kernels::onednn_linear_available())
-    return kernels::onednn_linear(a, b.t(), bias);
+  if (kernels::row_major(a) && a.numel() > 0 && b.dim() == 2 && a.size(1) == b.size(0) &&
+      b.numel() > 0 && b.is_non_overlapping_and_dense() &&
+      (!bias.defined() || (bias.dim() == 1 && bias.size(0) == b.size(1))) &&
+      kernels::onednn_linear_available())
+    return kernels::onednn_linear(a, b.t(), bias.defined() ? bias.contiguous() : bias);
   return bias.defined() ? at::cpu::addmm(bias, a, b) : at::cpu::mm(a, b);
 }
 
@@ -153,8 +156,8 @@ at::Tensor bmm(const at::Tensor& self, const at::Tensor& mat2) {
 at::Tensor addmm(const at::Tensor& self, const at::Tensor& mat1, const at::Tensor& mat2,
                  const at::Scalar& beta, const at::Scalar& alpha) {
   if (!fast({&self, &mat1, &mat2})) return at::cpu::addmm(self, mat1, mat2, beta, alpha);
-  if (beta.equal(1) && alpha.equal(1) && self.dim() == 1 && self.size(0) == mat2.size(1))
-    return down(fp32_addmm(up(self), up(mat1), up(mat2)));  // a linear layer's
+  if (beta.equal(1) && alpha.equal(1) && self.dim() == 1)  // a linear layer's
+    return down(fp32_addmm(up(self), up(mat1), up(mat2)));
   return down(at::cpu::addmm(up(self), up(mat1), up(mat2), beta, alpha));
 }
 

@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/autocast_mode.h>
+#include <ATen/record_function.h>
 #include <torch/autograd.h>
 
 #include <optional>
@@ -15,18 +16,25 @@ using mixprec::kernels::onednn_linear;
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// (..., in) -> (..., out) sizes.
+std::vector<int64_t> output_sizes(const at::Tensor& x, int64_t out) {
+  auto sizes = x.sizes().vec();
+  sizes.back() = out;
+  return sizes;
+}
+
 struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
   // bias as an optional: autograd::Function takes no undefined tensors.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
                             const std::optional<at::Tensor>& bias, bool in_out) {
-    const auto x2 = x.reshape({-1, x.size(-1)}).contiguous();  // (M, in)
-    auto y = onednn_linear(x2, in_out ? weight.t() : weight, bias.value_or(at::Tensor()));
+    const auto w = in_out ? weight.t() : weight;  // (out, in)
+    auto y = onednn_linear(x.reshape({-1, x.size(-1)}).contiguous(), w,
+                           bias ? bias->contiguous() : at::Tensor());
     ctx->save_for_backward({x, weight});
     ctx->saved_data["in_out"] = in_out;
     ctx->saved_data["bias"] = bias.has_value();
-    auto sizes = x.sizes().vec();
-    sizes.back() = y.size(1);
-    return y.view(sizes);
+    // Not a view: a custom Function's view outputs refuse in-place ops.
+    return at::_unsafe_view(y, output_sizes(x, w.size(0)));
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -35,9 +43,13 @@ struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
     const auto x2 = x.reshape({-1, x.size(-1)});
     const bool in_out = ctx->saved_data["in_out"].toBool();
     const auto gy = grad_outputs[0].reshape({-1, grad_outputs[0].size(-1)}).contiguous();
+    const auto w_t = in_out ? weight : weight.t();  // (in, out)
     at::Tensor dx, dw, db;
-    if (ctx->needs_input_grad(0))
-      dx = onednn_linear(gy, in_out ? weight : weight.t(), {}).view(x.sizes());
+    if (ctx->needs_input_grad(0)) {
+      // With create_graph, LibTorch's mm, which autograd can differentiate again.
+      dx = at::GradMode::is_enabled() ? gy.mm(w_t.t()) : onednn_linear(gy, w_t, {});
+      dx = dx.view(x.sizes());
+    }
     if (ctx->needs_input_grad(1)) dw = in_out ? x2.t().mm(gy) : gy.t().mm(x2);
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = gy.sum(0);
     return {dx, dw, db, at::Tensor()};
@@ -51,22 +63,31 @@ bool linear_uses_onednn() { return mixprec::kernels::onednn_linear_available(); 
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
                   WeightLayout layout) {
   const bool in_out = layout == WeightLayout::kInOut;
-  const auto fp32_cpu = [](const at::Tensor& t) {
-    return !t.defined() ||
-           (t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat);
-  };
   TORCH_CHECK(x.dim() >= 1 && weight.dim() == 2 && x.size(-1) == weight.size(in_out ? 0 : 1),
               "linear: x of shape ", x.sizes(), " does not fit a weight of shape ", weight.sizes(),
               in_out ? " stored (in, out)" : " stored (out, in)");
-  if (x.dim() >= 2 && x.numel() > 0 && fp32_cpu(x) && fp32_cpu(weight) && fp32_cpu(bias) &&
-      !at::autocast::is_autocast_enabled(at::kCPU) && linear_uses_onednn())
-    return OnednnLinear::apply(x, weight, bias.defined() ? std::optional(bias) : std::nullopt,
-                               in_out);
-  if (!in_out) return at::linear(x, weight, bias.defined() ? std::optional(bias) : std::nullopt);
-  auto sizes = x.sizes().vec();
-  sizes.back() = weight.size(1);
-  const auto x2 = x.reshape({-1, x.size(-1)});
-  return (bias.defined() ? at::addmm(bias, x2, weight) : at::mm(x2, weight)).view(sizes);
+  const int64_t out = weight.size(in_out ? 1 : 0);
+  // One op for LibTorch's profiler and the numerics monitor, whichever path runs.
+  at::RecordFunction guard(at::RecordScope::FUNCTION);
+  guard.before("mixprec::linear");
+  const auto fp32_cpu = [](const at::Tensor& t) {
+    return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat;
+  };
+  at::Tensor y;
+  if (x.dim() >= 2 && x.numel() > 0 && weight.numel() > 0 && fp32_cpu(x) && fp32_cpu(weight) &&
+      weight.is_non_overlapping_and_dense() &&
+      (!bias.defined() || (fp32_cpu(bias) && bias.dim() == 1 && bias.size(0) == out)) &&
+      !at::autocast::is_autocast_enabled(at::kCPU) && linear_uses_onednn()) {
+    y = OnednnLinear::apply(x, weight, bias.defined() ? std::optional(bias) : std::nullopt, in_out);
+  } else if (!in_out) {
+    y = at::linear(x, weight, bias.defined() ? std::optional(bias) : std::nullopt);
+  } else {
+    const auto x2 = x.reshape({-1, x.size(-1)});
+    y = (bias.defined() ? at::addmm(bias, x2, weight) : at::mm(x2, weight))
+            .view(output_sizes(x, out));
+  }
+  if (guard.isActive() && guard.needsOutputs()) guard.setOutputs(std::vector<c10::IValue>{y});
+  return y;
 }
 
 }  // namespace mixprec::models

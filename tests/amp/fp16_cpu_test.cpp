@@ -59,7 +59,7 @@ TEST_F(Fp16CpuTest, MatmulsMatchFp64ReferenceRoundedToFp16) {
   const int64_t k = 96;
   auto a = half_randn({33, k}), b = half_randn({k, 17}), c = half_randn({33, 17});
   auto ba = half_randn({4, 9, k}), bb = half_randn({4, k, 5}), bc = half_randn({4, 9, 5});
-  auto bias = half_randn({17}), a_t = half_randn({k, 33}).t();  // a transposed a
+  auto bias = half_randn({17}), a_t = half_randn({k, 33}).t();  // column-major
   at::Tensor mm, mm_t, addmm, addmm_bias, bmm, baddbmm;
   EXPECT_EQ(calls([&] {
               mm = at::mm(a, b);

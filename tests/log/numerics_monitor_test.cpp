@@ -2,12 +2,14 @@
 
 #include "mixprec/amp/autocast.h"
 #include "mixprec/amp/grad_scaler.h"
+#include "mixprec/models/linear.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <cmath>
 #include <limits>
+#include <optional>
 
 namespace {
 
@@ -219,6 +221,33 @@ TEST(NumericsMonitor, SeesTheForwardMatmulsOfInspectedStepsOnly) {
     EXPECT_GE(r.overflow, 4 * 16);  // every hidden unit
     EXPECT_EQ(r.max_exponent,
               std::fmax(direct(hidden, 1.0).max_exponent, direct(out, 1.0).max_exponent));
+  }
+}
+
+// mixprec's own linear layers (GPT-2's), whose fp32 path calls oneDNN inside an autograd
+// function, not an aten GEMM: seen as one op, in fp32 as under autocast.
+TEST(NumericsMonitor, SeesMixprecsLinearLayersInFp32AndUnderAutocast) {
+  const auto w = torch::full({8, 16}, 300.0).requires_grad_();  // (in, out)
+  NumericsMonitor monitor({{"w", w}}, {.every_n_steps = 1});
+  const auto x = torch::full({4, 8}, 30.0);  // 8 inputs of 30 x 300 = 72,000: past fp16's max
+  for (bool autocast : {false, true}) {
+    at::Tensor y;
+    {
+      std::optional<mixprec::amp::Autocast> guard;
+      if (autocast) guard.emplace(c10::kCPU, at::kBFloat16);
+      y = mixprec::models::linear(x, w, {}, mixprec::models::WeightLayout::kInOut);
+    }
+    y.to(at::kFloat).sum().backward();
+    monitor.record_gradients();
+    monitor.end_step();
+  }
+  ASSERT_EQ(monitor.records().size(), 2u);
+  for (const auto& record : monitor.records()) {
+    ASSERT_EQ(record.activations.size(), 1u);
+    const auto& [op, r] = record.activations[0];
+    EXPECT_EQ(op, "mixprec::linear");
+    EXPECT_EQ(r.numel, 4 * 16);
+    EXPECT_EQ(r.overflow, 4 * 16);
   }
 }
 

@@ -4,6 +4,8 @@
 #include <mixprec/amp/autocast.h>
 #include <torch/torch.h>
 
+#include <c10/util/ScopeExit.h>
+
 #include <algorithm>
 #include <string>
 
@@ -96,23 +98,73 @@ TEST(Linear, TakesOnednnForFp32OutsideAutocastOnly) {
     EXPECT_EQ(count(ops, "mkldnn::_linear_pointwise"), 0) << dtype << (autocast ? " autocast" : "");
     EXPECT_GE(count(ops, "aten::addmm"), 1) << dtype << (autocast ? " autocast" : "");
   }
+  // A bias LibTorch broadcasts but that is not (out): LibTorch's op.
+  const auto x = torch::randn({4, 16}), w = torch::randn({16, 24}), b = torch::randn({1});
+  const auto broadcast = mixprec::testing::ops_run_by([&] {
+    EXPECT_TRUE(torch::allclose(linear(x, w, b, WeightLayout::kInOut), at::addmm(b, x, w)));
+  });
+  EXPECT_EQ(count(broadcast, "mkldnn::_linear_pointwise"), 0);
   // Switched off as LibTorch's own oneDNN paths are (torch.backends.mkldnn.enabled = False).
+  const bool was_enabled = at::globalContext().userEnabledMkldnn();
   at::globalContext().setUserEnabledMkldnn(false);
-  const bool used_while_off = mixprec::models::linear_uses_onednn();
+  const auto restore =
+      c10::make_scope_exit([&] { at::globalContext().setUserEnabledMkldnn(was_enabled); });
+  EXPECT_FALSE(mixprec::models::linear_uses_onednn());
   const auto off = ops_of(torch::kFloat, false);
-  at::globalContext().setUserEnabledMkldnn(true);
-  EXPECT_FALSE(used_while_off);
   EXPECT_EQ(count(off, "mkldnn::_linear_pointwise"), 0);
   EXPECT_EQ(count(off, "aten::addmm"), 1);
 }
 
-TEST(Linear, NoRowsGiveAnEmptyOutputAndZeroWeightGradient) {
-  const auto x = torch::randn({0, 16}).requires_grad_();
-  const auto w = torch::randn({16, 24}).requires_grad_();
-  const auto y = linear(x, w, {}, WeightLayout::kInOut);
-  EXPECT_EQ(y.sizes(), (std::vector<int64_t>{0, 24}));
-  y.sum().backward();
-  EXPECT_TRUE(w.grad().defined() && w.grad().eq(0).all().item<bool>());
+// Each of x, weight and bias with or without requires_grad; the output modified in place, as
+// LibTorch's allows; a gradient of a gradient (create_graph).
+TEST(Linear, BehavesAsLibTorchsLinearInAutograd) {
+  torch::manual_seed(1);
+  const auto x0 = torch::randn({5, 12}), w0 = torch::randn({12, 7}), b0 = torch::randn({7});
+  for (int mask = 0; mask < 8; ++mask) {
+    SCOPED_TRACE("requires_grad mask " + std::to_string(mask));
+    auto leaves = [&] {
+      return std::vector<torch::Tensor>{x0.clone().requires_grad_(mask & 1),
+                                        w0.clone().requires_grad_((mask & 2) != 0),
+                                        b0.clone().requires_grad_((mask & 4) != 0)};
+    };
+    auto ours = leaves(), ref = leaves();
+    auto y = linear(ours[0], ours[1], ours[2], WeightLayout::kInOut);
+    auto y_ref = at::addmm(ref[2], ref[0], ref[1]);
+    ASSERT_EQ(y.requires_grad(), mask != 0);
+    if (mask == 0) continue;
+    y.relu_();
+    y_ref.relu_();
+    y.pow(2).sum().backward();
+    y_ref.pow(2).sum().backward();
+    for (int i = 0; i < 3; ++i) {
+      ASSERT_EQ(ours[i].grad().defined(), ref[i].grad().defined()) << i;
+      if (ours[i].grad().defined()) {
+        EXPECT_TRUE(torch::allclose(ours[i].grad(), ref[i].grad(), 1e-4, 1e-5)) << i;
+      }
+    }
+  }
+  // d/dw of |d loss/dx|^2, through the backward.
+  auto second = [&](auto layer) {
+    const auto x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+    const auto gx = torch::autograd::grad({layer(x, w).pow(2).sum()}, {x}, {},
+                                          /*retain_graph=*/true, /*create_graph=*/true)[0];
+    return torch::autograd::grad({gx.pow(2).sum()}, {w})[0];
+  };
+  EXPECT_TRUE(torch::allclose(
+      second([&](auto x, auto w) { return linear(x, w, b0, WeightLayout::kInOut); }),
+      second([&](auto x, auto w) { return at::addmm(b0, x, w); }), 1e-4, 1e-5));
+}
+
+TEST(Linear, EmptyRowsOrColumnsGiveEmptyOutputsAndZeroGradients) {
+  for (auto [rows, out] : {std::pair<int64_t, int64_t>{0, 24}, {4, 0}}) {
+    const auto x = torch::randn({rows, 16}).requires_grad_();
+    const auto w = torch::randn({16, out}).requires_grad_();
+    const auto y = linear(x, w, {}, WeightLayout::kInOut);
+    EXPECT_EQ(y.sizes(), (std::vector<int64_t>{rows, out}));
+    y.sum().backward();
+    EXPECT_TRUE(x.grad().defined() && x.grad().eq(0).all().item<bool>());
+    EXPECT_TRUE(w.grad().defined() && w.grad().eq(0).all().item<bool>());
+  }
 }
 
 TEST(Linear, RejectsAWeightThatDoesNotFit) {

@@ -20,7 +20,8 @@ enum class Fp16CpuPath {
 /// `scaled_dot_product_attention`, and the backward of each) on the fp16 inputs
 /// up-cast exactly to fp32, with fp32 accumulation, rounded once to fp16: the
 /// numerics of GPU tensor cores. (The fp32 GEMM of `mm`, and of a linear layer's
-/// `addmm`, is oneDNN's where it runs, as in `models::linear`; LibTorch's elsewhere.) Activations
+/// `addmm` (a 1-D bias, beta = alpha = 1), is oneDNN's for a row-major first
+/// operand where it runs, as in `models::linear`; LibTorch's elsewhere.) Activations
 /// and gradients stay fp16, so fp16 underflow and overflow, and loss scaling, behave as on a GPU.
 ///
 /// The kernels are installed in the process on first use of fp16 autocast on

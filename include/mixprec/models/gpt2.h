@@ -36,7 +36,8 @@ struct GPT2Config {
 };
 
 /// HF's `Conv1D`: a linear layer whose weight is stored (in, out), so checkpoints load without a
-/// transpose; `models::linear` with WeightLayout::kInOut (HF's addmm, or oneDNN's GEMMs in fp32).
+/// transpose; `models::linear` with WeightLayout::kInOut (HF's addmm; oneDNN's GEMMs for fp32
+/// CPU tensors outside autocast).
 class Conv1DImpl : public torch::nn::Module {
  public:
   Conv1DImpl(int64_t in_features, int64_t out_features);

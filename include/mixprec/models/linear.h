@@ -17,10 +17,13 @@ enum class WeightLayout {
 /// `mkldnn::_linear_pointwise`, bias fused) for the output and the input gradient, where
 /// oneDNN is on; the weight gradient stays on `at::mm`. Same fp32 math in another summation
 /// order. LibTorch's own fp32 GEMMs are MKL's, which run AVX2 code on AMD CPUs: on the
-/// AVX-512 Zen 5 where mixprec is benchmarked, oneDNN's were 1.1-1.5x faster for GPT-2's
-/// shapes (`bench/linear_bench`). Everything else (other dtypes and devices, autocast, a
-/// LibTorch without oneDNN or with it switched off) calls the LibTorch op above, so autocast
-/// and mixprec's fp16 CPU path see it as before. The oneDNN path is differentiable once.
+/// AVX-512 Zen 5 where mixprec is benchmarked, oneDNN's were 1.1-1.4x faster for most of GPT-2's
+/// shapes (`bench/linear_bench`; not measured on other CPUs). Everything else (other dtypes and
+/// devices, autocast, 1-D or empty x, a bias that is not (out), a LibTorch without oneDNN or
+/// with it switched off) calls the LibTorch op above, so autocast and mixprec's fp16 CPU path see
+/// it as before. Either way the call is one op, "mixprec::linear", for LibTorch's profiler and
+/// the numerics monitor. Differentiable twice and more (with create_graph, the backward runs
+/// LibTorch's ops).
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias = {},
                   WeightLayout layout = WeightLayout::kOutIn);
 
