@@ -54,6 +54,7 @@ int main(int argc, char** argv) {
   const int64_t V = 4096;
   for (const Layer& l :
        std::vector<Layer>{{"small c_attn", 1024, 128, 384, WeightLayout::kInOut},
+                          {"small attn c_proj", 1024, 128, 128, WeightLayout::kInOut},
                           {"small c_fc", 1024, 128, 512, WeightLayout::kInOut},
                           {"small mlp c_proj", 1024, 512, 128, WeightLayout::kInOut},
                           {"small LM head", 1024, 128, V, WeightLayout::kOutIn},
