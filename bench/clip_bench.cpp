@@ -13,9 +13,8 @@
 #include <CLI/CLI.hpp>
 #include "digits.h"
 #include "gpt2_config.h"
+#include "timed_steps.h"
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <vector>
@@ -69,18 +68,12 @@ int main(int argc, char** argv) {
     for (int rep = -1; rep < reps; ++rep)  // rep -1: warm-up
       for (size_t m = 0; m < methods.size(); ++m) {
         const double max_norm = methods[m].second ? norm * 0.999 : 1e30;
-        const auto start = std::chrono::steady_clock::now();
-        methods[m].first(params, max_norm);
-        const std::chrono::duration<double, std::micro> us =
-            std::chrono::steady_clock::now() - start;
-        if (rep >= 0) times[m].push_back(us.count());
+        const double us = 1e6 * seconds([&] { methods[m].first(params, max_norm); });
+        if (rep >= 0) times[m].push_back(us);
         if (methods[m].second) norm = max_norm;
       }
     std::vector<double> us;
-    for (auto& t : times) {
-      std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
-      us.push_back(t[reps / 2]);
-    }
+    for (const auto& t : times) us.push_back(median(t));
     std::printf("| %s | %zu | %lld | %.1f (%.1f) | %.1f | %.1f |\n", name, params.size(),
                 static_cast<long long>(elements), us[0], us[1], us[2], us[3]);
   }

@@ -9,27 +9,11 @@
 
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
+#include "timed_steps.h"
 
-#include <algorithm>
-#include <chrono>
 #include <cstdio>
 #include <functional>
 #include <vector>
-
-namespace {
-
-double median(std::vector<double> v) {
-  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
-  return v[v.size() / 2];
-}
-
-double seconds(const std::function<void()>& f) {
-  const auto start = std::chrono::steady_clock::now();
-  f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
-}
-
-}  // namespace
 
 int main(int argc, char** argv) {
   CLI::App app{"GPT-2's fp32 linear layers: mixprec::models::linear against LibTorch's ops"};

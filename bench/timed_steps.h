@@ -16,18 +16,25 @@
 
 #include <unistd.h>
 
+// Seconds one call of f takes.
+inline double seconds(const std::function<void()>& f) {
+  const auto start = std::chrono::steady_clock::now();
+  f();
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+}
+
+// The median of v (the upper one of an even count).
+inline double median(std::vector<double> v) {
+  std::nth_element(v.begin(), v.begin() + v.size() / 2, v.end());
+  return v[v.size() / 2];
+}
+
 // Median seconds of `reps` timed calls of f, after one untimed warm-up call.
 inline double median_seconds(const std::function<void()>& f, int reps) {
   f();
   std::vector<double> times;
-  for (int i = 0; i < reps; ++i) {
-    const auto start = std::chrono::steady_clock::now();
-    f();
-    times.push_back(
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  }
-  std::nth_element(times.begin(), times.begin() + reps / 2, times.end());
-  return times[reps / 2];
+  for (int i = 0; i < reps; ++i) times.push_back(seconds(f));
+  return median(times);
 }
 
 struct TimedSteps {
