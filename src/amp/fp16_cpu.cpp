@@ -135,10 +135,7 @@ at::Tensor down(const at::Tensor& t) { return t.defined() ? t.to(at::kHalf) : t;
 // The fp32 product a b + bias (bias (N) or undefined): oneDNN's GEMM for a row-major a of
 // fitting shape where it runs (kernels/onednn_linear.h), else LibTorch's, with its checks.
 at::Tensor fp32_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
-  if (kernels::row_major(a) && a.numel() > 0 && b.dim() == 2 && a.size(1) == b.size(0) &&
-      b.numel() > 0 && b.is_non_overlapping_and_dense() &&
-      (!bias.defined() || (bias.dim() == 1 && bias.size(0) == b.size(1))) &&
-      kernels::onednn_linear_available())
+  if (kernels::row_major(a) && b.dim() == 2 && kernels::onednn_linear_takes(a, b.t(), bias))
     return kernels::onednn_linear(a, b.t(), bias.defined() ? bias.contiguous() : bias);
   return bias.defined() ? at::cpu::addmm(bias, a, b) : at::cpu::mm(a, b);
 }

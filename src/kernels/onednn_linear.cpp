@@ -37,6 +37,16 @@ bool onednn_linear_available() {
   return onednn_linear_runs() && at::globalContext().userEnabledMkldnn();
 }
 
+bool onednn_linear_takes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
+  const auto fp32_cpu = [](const at::Tensor& t) {
+    return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat;
+  };
+  return x.dim() >= 1 && x.numel() > 0 && fp32_cpu(x) && w.dim() == 2 && w.numel() > 0 &&
+         w.size(1) == x.size(-1) && fp32_cpu(w) && w.is_non_overlapping_and_dense() &&
+         (!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && fp32_cpu(bias))) &&
+         onednn_linear_available();
+}
+
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
   torch::jit::Stack stack{x,
                           w,

@@ -13,8 +13,12 @@ namespace mixprec::kernels {
 // (at::globalContext().userEnabledMkldnn(), read at each call).
 bool onednn_linear_available();
 
+// Whether onednn_linear runs here and takes these: fp32 CPU tensors, x (..., K) not empty,
+// w (N, K) dense and not empty, bias (N) or undefined.
+bool onednn_linear_takes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
+
 // y = x w^T + b in fp32: x (M, K), w (N, K) dense in any order (w.t() of an (K, N) tensor
-// too), b (N) contiguous or undefined. Call only where onednn_linear_available().
+// too), b (N) contiguous or undefined. Call only where onednn_linear_takes() them.
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias);
 
 // Whether t is (M, K) row-major: the x oneDNN takes as is (a transposed x costs it a copy,

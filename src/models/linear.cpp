@@ -70,14 +70,9 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   // One op for LibTorch's profiler and the numerics monitor, whichever path runs.
   at::RecordFunction guard(at::RecordScope::FUNCTION);
   guard.before("mixprec::linear");
-  const auto fp32_cpu = [](const at::Tensor& t) {
-    return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat;
-  };
   at::Tensor y;
-  if (x.dim() >= 2 && x.numel() > 0 && weight.numel() > 0 && fp32_cpu(x) && fp32_cpu(weight) &&
-      weight.is_non_overlapping_and_dense() &&
-      (!bias.defined() || (fp32_cpu(bias) && bias.dim() == 1 && bias.size(0) == out)) &&
-      !at::autocast::is_autocast_enabled(at::kCPU) && linear_uses_onednn()) {
+  if (x.dim() >= 2 && !at::autocast::is_autocast_enabled(at::kCPU) &&
+      mixprec::kernels::onednn_linear_takes(x, in_out ? weight.t() : weight, bias)) {
     y = OnednnLinear::apply(x, weight, bias.defined() ? std::optional(bias) : std::nullopt, in_out);
   } else if (!in_out) {
     y = at::linear(x, weight, bias.defined() ? std::optional(bias) : std::nullopt);
