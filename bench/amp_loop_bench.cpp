@@ -24,7 +24,9 @@ namespace {
 // The part of a training step an op's self time counts toward.
 std::string part_of(const std::string& op) {
   const auto has = [&](const char* s) { return op.find(s) != std::string::npos; };
-  if (op == "aten::mm" || op == "aten::addmm") return "GEMMs";
+  if (op == "aten::mm" || op == "aten::addmm" || op == "mkldnn::_linear_pointwise" ||
+      op == "mixprec::onednn_mm")
+    return "GEMMs";
   if (has("softmax") || has("nll_loss")) return "loss (log-softmax, NLL)";
   if (has("adam") || has("_amp_")) return "optimizer and scaler";
   if (has("relu") || has("threshold") || has("clamp_min")) return "ReLU";

@@ -42,7 +42,7 @@ std::string part_of(const std::string& op) {
     return std::any_of(names.begin(), names.end(), [&](const char* n) { return op == n; });
   };
   const auto has = [&](const char* s) { return op.find(s) != std::string::npos; };
-  if (is({"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise"}))
+  if (is({"aten::mm", "aten::addmm", "mkldnn::_linear_pointwise", "mixprec::onednn_mm"}))
     return "GEMMs (linear layers, LM head)";
   // GPT-2's only batched GEMMs are those of mixprec's matmul attention.
   if (is({"aten::bmm", "aten::baddbmm"})) return "attention GEMMs (matmul kernel)";

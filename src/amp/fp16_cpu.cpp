@@ -132,11 +132,13 @@ std::optional<at::Tensor> up(const std::optional<at::Tensor>& t) {
 }
 at::Tensor down(const at::Tensor& t) { return t.defined() ? t.to(at::kHalf) : t; }
 
-// The fp32 product a b + bias (bias (N) or undefined): oneDNN's GEMM for a row-major a of
-// fitting shape where it runs (kernels/onednn_linear.h), else LibTorch's, with its checks.
+// The fp32 product a b + bias (bias (N) or undefined): oneDNN's GEMM where it runs and takes
+// them (kernels/onednn_linear.h: its linear for a row-major a, bias fused; its matmul for
+// transposed operands, as in a weight gradient), else LibTorch's, with its checks.
 at::Tensor fp32_addmm(const at::Tensor& bias, const at::Tensor& a, const at::Tensor& b) {
   if (kernels::row_major(a) && b.dim() == 2 && kernels::onednn_linear_takes(a, b.t(), bias))
     return kernels::onednn_linear(a, b.t(), bias.defined() ? bias.contiguous() : bias);
+  if (!bias.defined() && kernels::onednn_mm_takes(a, b)) return kernels::onednn_mm(a, b);
   return bias.defined() ? at::cpu::addmm(bias, a, b) : at::cpu::mm(a, b);
 }
 

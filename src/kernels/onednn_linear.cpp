@@ -2,6 +2,9 @@
 
 #include <ATen/ATen.h>
 #include <ATen/core/dispatch/Dispatcher.h>
+#include <ATen/record_function.h>
+
+#include <dlfcn.h>
 
 #include <exception>
 #include <optional>
@@ -31,6 +34,36 @@ bool onednn_linear_runs() {
   return runs;
 }
 
+// LibTorch's at::native::mkldnn_matmul(mat1, mat2, result, beta, alpha): exported, but its header
+// is not installed, and whether it takes fp32 depends on the version (2.13's does; the probe
+// below finds out). Looked up by its mangled name, so that a LibTorch without it (or with
+// another signature) leaves it unused rather than failing to load mixprec.
+using MkldnnMatmul = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, float,
+                              float);
+MkldnnMatmul mkldnn_matmul() {
+  static const auto fn = reinterpret_cast<MkldnnMatmul>(
+      dlsym(RTLD_DEFAULT, "_ZN2at6native13mkldnn_matmulERKNS_6TensorES3_S3_ff"));
+  return fn;
+}
+
+bool onednn_mm_runs() {
+  static const bool runs = [] {
+    if (!at::hasMKLDNN() || mkldnn_matmul() == nullptr) return false;
+    try {
+      const auto x = at::arange(1, 5, at::kFloat).view({2, 2});  // (1 2; 3 4)
+      return at::equal(onednn_mm(x.t(), x), at::tensor({10.f, 14.f, 14.f, 20.f}).view({2, 2}));
+    } catch (const std::exception&) {  // "only enabled for bf16 and fp16", oneDNN's own
+      return false;
+    }
+  }();
+  return runs;
+}
+
+// Row-major, or the transpose of a row-major tensor.
+bool plain_or_transposed(const at::Tensor& t) {
+  return row_major(t) || (t.dim() == 2 && t.stride(0) == 1 && t.stride(1) == t.size(0));
+}
+
 }  // namespace
 
 bool onednn_linear_available() {
@@ -45,6 +78,22 @@ bool onednn_linear_takes(const at::Tensor& x, const at::Tensor& w, const at::Ten
          w.size(1) == x.size(-1) && fp32_cpu(w) && w.is_non_overlapping_and_dense() &&
          (!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && fp32_cpu(bias))) &&
          onednn_linear_available();
+}
+
+bool onednn_mm_takes(const at::Tensor& a, const at::Tensor& b) {
+  const auto fp32_cpu = [](const at::Tensor& t) {
+    return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat &&
+           t.numel() > 0 && plain_or_transposed(t);
+  };
+  return a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && fp32_cpu(a) && fp32_cpu(b) &&
+         onednn_mm_runs() && at::globalContext().userEnabledMkldnn();
+}
+
+at::Tensor onednn_mm(const at::Tensor& a, const at::Tensor& b) {
+  RECORD_FUNCTION("mixprec::onednn_mm", std::vector<c10::IValue>());  // not a dispatcher op
+  auto result = at::empty({a.size(0), b.size(1)}, a.options());
+  mkldnn_matmul()(a, b, result, /*beta=*/0.0f, /*alpha=*/1.0f);
+  return result;
 }
 
 at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {

@@ -1,5 +1,6 @@
-// oneDNN's fp32 GEMM through LibTorch's mkldnn::_linear_pointwise, for mixprec's fp32 linear
-// layers (models/linear.cpp) and the fp16 fast path's fp32 products (amp/fp16_cpu.cpp).
+// oneDNN's fp32 GEMMs, through LibTorch's mkldnn::_linear_pointwise and at::native::mkldnn_matmul,
+// for mixprec's fp32 linear layers (models/linear.cpp) and the fp16 fast path's fp32 products
+// (amp/fp16_cpu.cpp).
 // LibTorch's own fp32 GEMMs are MKL's, which run AVX2 code on AMD CPUs; on the AVX-512 Zen 5
 // of mixprec's benchmarks oneDNN's were faster (bench/linear_bench). Not measured elsewhere:
 // it is taken wherever it runs.
@@ -26,5 +27,13 @@ at::Tensor onednn_linear(const at::Tensor& x, const at::Tensor& w, const at::Ten
 inline bool row_major(const at::Tensor& t) {
   return t.dim() == 2 && t.stride(1) == 1 && t.stride(0) == t.size(1);
 }
+
+// Whether onednn_mm runs here and takes these: fp32 CPU (M, K) and (K, N), not empty, each
+// row-major or the transpose of a row-major tensor (what oneDNN's matmul reads without a copy).
+bool onednn_mm_takes(const at::Tensor& a, const at::Tensor& b);
+
+// a b in fp32, into a new row-major (M, N) tensor, seen by LibTorch's profiler as
+// "mixprec::onednn_mm". Call only where onednn_mm_takes() them.
+at::Tensor onednn_mm(const at::Tensor& a, const at::Tensor& b);
 
 }  // namespace mixprec::kernels

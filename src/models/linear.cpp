@@ -23,6 +23,14 @@ std::vector<int64_t> output_sizes(const at::Tensor& x, int64_t out) {
   return sizes;
 }
 
+// a b by oneDNN where it takes them (the transposed operands of a weight gradient without a
+// copy), else, and with create_graph, by LibTorch's mm.
+at::Tensor gemm(const at::Tensor& a, const at::Tensor& b) {
+  if (!at::GradMode::is_enabled() && mixprec::kernels::onednn_mm_takes(a, b))
+    return mixprec::kernels::onednn_mm(a, b);
+  return a.mm(b);
+}
+
 struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
   // bias as an optional: autograd::Function takes no undefined tensors.
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& weight,
@@ -50,7 +58,7 @@ struct OnednnLinear : torch::autograd::Function<OnednnLinear> {
       dx = at::GradMode::is_enabled() ? gy.mm(w_t.t()) : onednn_linear(gy, w_t, {});
       dx = dx.view(x.sizes());
     }
-    if (ctx->needs_input_grad(1)) dw = in_out ? x2.t().mm(gy) : gy.t().mm(x2);
+    if (ctx->needs_input_grad(1)) dw = in_out ? gemm(x2.t(), gy) : gemm(gy.t(), x2);
     if (ctx->saved_data["bias"].toBool() && ctx->needs_input_grad(2)) db = gy.sum(0);
     return {dx, dw, db, at::Tensor()};
   }

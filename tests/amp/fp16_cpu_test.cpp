@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/onednn_linear.h"
 #include "test_util.h"
 
 namespace {
@@ -84,21 +85,34 @@ TEST_F(Fp16CpuTest, MatmulsMatchFp64ReferenceRoundedToFp16) {
 }
 
 // mm, and a linear layer's addmm (bias (N), beta = alpha = 1), with a row-major first operand
-// compute their fp32 product with oneDNN where LibTorch has it (as models::linear does); other
-// forms with LibTorch's fp32 GEMM (MKL).
+// compute their fp32 product with oneDNN's linear where LibTorch has it (as models::linear
+// does); mm with a transposed operand (a weight gradient's) with oneDNN's matmul where it takes
+// fp32; other forms with LibTorch's fp32 GEMM (MKL).
 TEST_F(Fp16CpuTest, Fp32ProductsTakeOnednnWhereItRuns) {
   auto a = half_randn({33, 64}), b = half_randn({64, 17}), bias = half_randn({17});
-  auto onednn_calls = [](const std::function<void()>& f) {
+  auto calls_of = [](const char* op, const std::function<void()>& f) {
     const auto ops = mixprec::testing::ops_run_by(f);
-    return std::count(ops.begin(), ops.end(), "mkldnn::_linear_pointwise");
+    return std::count(ops.begin(), ops.end(), op);
+  };
+  auto linear_calls = [&](const std::function<void()>& f) {
+    return calls_of("mkldnn::_linear_pointwise", f);
+  };
+  auto matmul_calls = [&](const std::function<void()>& f) {
+    return calls_of("mixprec::onednn_mm", f);
   };
   const int64_t onednn = at::hasMKLDNN() ? 1 : 0;
+  const auto square = torch::randn({2, 2});
+  const int64_t matmul = mixprec::kernels::onednn_mm_takes(square.t(), square) ? 1 : 0;
   at::mm(a, b);  // the first one probes oneDNN, with a call of its own
-  EXPECT_EQ(onednn_calls([&] { at::mm(a, b); }), onednn);
-  EXPECT_EQ(onednn_calls([&] { at::addmm(bias, a, b); }), onednn);
-  EXPECT_EQ(onednn_calls([&] { at::mm(a.t().contiguous().t(), b); }), 0);
-  EXPECT_EQ(onednn_calls([&] { at::addmm(bias, a, b, 0.5, 2.0); }), 0);
-  EXPECT_EQ(onednn_calls([&] { at::addmm(half_randn({33, 17}), a, b); }), 0);
+  EXPECT_EQ(linear_calls([&] { at::mm(a, b); }), onednn);
+  EXPECT_EQ(linear_calls([&] { at::addmm(bias, a, b); }), onednn);
+  const auto column_major = a.t().contiguous().t();
+  EXPECT_EQ(linear_calls([&] { at::mm(column_major, b); }), 0);
+  EXPECT_EQ(matmul_calls([&] { at::mm(column_major, b); }), matmul);
+  EXPECT_EQ(matmul_calls([&] { at::mm(column_major, b.t().contiguous().t()); }), matmul);
+  EXPECT_EQ(matmul_calls([&] { at::mm(a.narrow(1, 0, 32), b.narrow(0, 0, 32)); }), 0);  // strided
+  EXPECT_EQ(linear_calls([&] { at::addmm(bias, a, b, 0.5, 2.0); }), 0);
+  EXPECT_EQ(linear_calls([&] { at::addmm(half_randn({33, 17}), a, b); }), 0);
 }
 
 // Matrix-vector and vector-vector products: what matmul does with 1-D operands.

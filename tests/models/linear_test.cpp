@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <string>
 
+#include "kernels/onednn_linear.h"
 #include "test_util.h"
 
 namespace {
@@ -64,11 +65,16 @@ TEST(Linear, MatchesFp64InBothLayoutsWithAndWithoutBias) {
   }
 }
 
-// fp32 CPU tensors outside autocast go to oneDNN (output and input gradient) wherever
-// LibTorch has it on; everything else to LibTorch's op, which autocast and mixprec's fp16 path
-// see.
+// fp32 CPU tensors outside autocast go to oneDNN (output and input gradient; the weight
+// gradient where its matmul takes fp32) wherever LibTorch has it on; everything else to
+// LibTorch's op, which autocast and mixprec's fp16 path see.
 TEST(Linear, TakesOnednnForFp32OutsideAutocastOnly) {
   EXPECT_EQ(mixprec::models::linear_uses_onednn(), at::hasMKLDNN());
+  const auto square = torch::randn({2, 2});
+  const bool onednn_mm = mixprec::kernels::onednn_mm_takes(square.t(), square);
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
+  EXPECT_EQ(onednn_mm, at::hasMKLDNN());  // found by its mangled name, and takes fp32
+#endif
   auto ops_of = [](torch::ScalarType dtype, bool autocast) {
     const auto x = torch::randn({4, 8, 16}, dtype).requires_grad_();
     const auto w = torch::randn({16, 24}, dtype).requires_grad_();
@@ -91,11 +97,13 @@ TEST(Linear, TakesOnednnForFp32OutsideAutocastOnly) {
   };
   const auto fp32 = ops_of(torch::kFloat, false);
   EXPECT_EQ(count(fp32, "mkldnn::_linear_pointwise"), at::hasMKLDNN() ? 2 : 0);
+  EXPECT_EQ(count(fp32, "mixprec::onednn_mm"), onednn_mm ? 1 : 0);
   EXPECT_EQ(count(fp32, "aten::addmm"), at::hasMKLDNN() ? 0 : 1);
   for (auto [dtype, autocast] :
        {std::pair{torch::kFloat, true}, {torch::kBFloat16, false}, {torch::kDouble, false}}) {
     const auto ops = ops_of(dtype, autocast);
     EXPECT_EQ(count(ops, "mkldnn::_linear_pointwise"), 0) << dtype << (autocast ? " autocast" : "");
+    EXPECT_EQ(count(ops, "mixprec::onednn_mm"), 0) << dtype << (autocast ? " autocast" : "");
     EXPECT_GE(count(ops, "aten::addmm"), 1) << dtype << (autocast ? " autocast" : "");
   }
   // A bias LibTorch broadcasts but that is not (out): LibTorch's op.
@@ -112,6 +120,8 @@ TEST(Linear, TakesOnednnForFp32OutsideAutocastOnly) {
   EXPECT_FALSE(mixprec::models::linear_uses_onednn());
   const auto off = ops_of(torch::kFloat, false);
   EXPECT_EQ(count(off, "mkldnn::_linear_pointwise"), 0);
+  EXPECT_EQ(count(off, "mixprec::onednn_mm"), 0);
+  EXPECT_FALSE(mixprec::kernels::onednn_mm_takes(square.t(), square));
   EXPECT_EQ(count(off, "aten::addmm"), 1);
 }
 

@@ -13,13 +13,14 @@ enum class WeightLayout {
 /// A linear layer, (..., in) -> (..., out): `at::linear(x, weight, bias)` for kOutIn,
 /// `at::addmm(bias, x, weight)` on the flattened x for kInOut; `bias` may be undefined.
 ///
-/// fp32 CPU tensors outside autocast take oneDNN's fp32 GEMMs (LibTorch's
-/// `mkldnn::_linear_pointwise`, bias fused) for the output and the input gradient, where
-/// oneDNN is on; the weight gradient stays on `at::mm`. Same fp32 math in another summation
-/// order. LibTorch's own fp32 GEMMs are MKL's, which run AVX2 code on AMD CPUs: on the
-/// AVX-512 Zen 5 where mixprec is benchmarked, a GPT-2 layer's forward ran up to 1.2x faster
-/// with oneDNN's and its backward ~1.05x (`bench/linear_bench`), GPT-2's fp32 step 1.09x (not
-/// measured on other CPUs). Everything else (other dtypes and
+/// fp32 CPU tensors outside autocast take oneDNN's fp32 GEMMs where oneDNN is on: LibTorch's
+/// `mkldnn::_linear_pointwise` (bias fused) for the output and the input gradient, and its
+/// matmul (`at::native::mkldnn_matmul`, which reads the transposed operands without a copy) for
+/// the weight gradient where that LibTorch's takes fp32, else `at::mm`. Same fp32 math in
+/// another summation order. LibTorch's own fp32 GEMMs are MKL's, which run AVX2 code on AMD CPUs:
+/// on the AVX-512 Zen 5 where mixprec is benchmarked, a GPT-2 layer's forward ran up to 1.2x faster
+/// with oneDNN's and its backward up to 1.2x (`bench/linear_bench`), GPT-2's fp32 step 1.12x
+/// (small) and 1.15x (large) (not measured on other CPUs). Everything else (other dtypes and
 /// devices, autocast, 1-D or empty x, a bias that is not (out), a LibTorch without oneDNN or
 /// with it switched off) calls the LibTorch op above, so autocast and mixprec's fp16 CPU path see
 /// it as before. Either way the call is one op, "mixprec::linear", for LibTorch's profiler and
