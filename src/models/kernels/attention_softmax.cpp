@@ -1,7 +1,8 @@
 // The softmax between the two GEMMs of models/attention.cpp's matmul attention,
-// forward and backward, one pass over each row (held in L1): scale, causal mask,
-// softmax and the rounding to the probabilities' dtype in one kernel, where
-// LibTorch's ops would make four passes and a mask; for bf16, also the GEMM
+// forward and backward, a few passes over each row while it is in L1: scale,
+// causal mask, softmax and the rounding to the probabilities' dtype in one
+// kernel, where LibTorch's ops would make four passes over memory and a mask;
+// the masked tails of the rows in vector code too; for bf16, also the GEMM
 // before it (oneDNN's brgemm, by blocks of rows). Built once per instruction
 // set (CMakeLists.txt).
 #include "models/kernels/attention_softmax.h"
@@ -13,6 +14,10 @@
 #include <ATen/native/CPUBlas.h>
 
 #include <algorithm>
+#include <cstring>
+#include <functional>
+#include <limits>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -27,51 +32,103 @@ int64_t kept(int64_t r, int64_t Lq, int64_t Lk, bool causal) {
   return causal ? std::min(r % Lq + 1, Lk) : Lk;
 }
 
-// n values of a reduced-precision row as fp32.
+// Loads count (<= one vector of T) values as fp32 vectors, zeros past count: one vector for
+// float, two for 16 bits.
 template <typename T>
-void to_float(const T* src, float* dst, int64_t n) {
-  using VecT = at::vec::Vectorized<T>;
-  int64_t j = 0;
-  for (; j + VecT::size() <= n; j += VecT::size()) {
-    auto [lo, hi] = at::vec::convert_to_float<T>(VecT::loadu(src + j));
-    lo.store(dst + j);
-    hi.store(dst + j + Vec::size());
+auto load(const T* p, int64_t count) {
+  if constexpr (std::is_same_v<T, float>)
+    return Vec::loadu(p, count);
+  else
+    return at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p, count));
+}
+
+// count (<= one vector of T) fp32 values, as load<T>() gives T's.
+template <typename T>
+auto load_fp32(const float* p, int64_t count) {
+  if constexpr (std::is_same_v<T, float>) {
+    return Vec::loadu(p, count);
+  } else {
+    constexpr int64_t V = Vec::size();
+    return std::make_tuple(Vec::loadu(p, std::min(count, V)),
+                           Vec::loadu(p + V, std::max<int64_t>(count - V, 0)));
   }
-  for (; j < n; ++j) dst[j] = static_cast<float>(src[j]);
+}
+
+// f on what load() gives: f(x...) for float, on each half for 16 bits.
+template <typename F, typename... X>
+auto lanes(F f, const X&... x) {
+  if constexpr ((std::is_same_v<X, Vec> && ...))
+    return f(x...);
+  else
+    return std::make_tuple(f(std::get<0>(x)...), f(std::get<1>(x)...));
+}
+Vec total(Vec v) { return v; }
+Vec total(const std::tuple<Vec, Vec>& v) { return std::get<0>(v) + std::get<1>(v); }
+
+// Stores the first count (<= one vector of T) values of what load() gives, as T, rounded once.
+void store(float* p, Vec v, int64_t count) { v.store(p, count); }
+template <typename T>
+void store(T* p, const std::tuple<Vec, Vec>& v, int64_t count) {
+  at::vec::convert_from_float<T>(std::get<0>(v), std::get<1>(v)).store(p, count);
+}
+
+// f(j, count) for each vector of T over n values: j = 0, step, 2 step, ...; count = how many
+// of its values are in the n (the last may have fewer).
+template <typename T, typename F>
+void for_each_vector(int64_t n, F f) {
+  constexpr int64_t step = at::vec::Vectorized<T>::size();
+  for (int64_t j = 0; j < n; j += step) f(j, std::min(step, n - j));
 }
 
 // One row of the forward: probabilities of its n kept scores (overwritten) into out[0, Lk).
+// Three passes over the row in L1 (max; exp and sum; scale and rounding), tails masked.
 template <typename T>
 void softmax_row(float* row, int64_t n, int64_t Lk, float scale, T* out) {
-  const float max =
-      at::vec::reduce_all<float>([](Vec a, Vec b) { return at::vec::maximum(a, b); }, row, n);
+  constexpr int64_t V = Vec::size();
+  const int64_t full = n - n % V, tail = n - full;
+  const Vec lowest(-std::numeric_limits<float>::infinity());
+  const auto max_of = [](Vec a, Vec b) { return at::vec::maximum(a, b); };
+  Vec max_v = lowest;
+  for (int64_t j = 0; j < full; j += V) max_v = max_of(max_v, Vec::loadu(row + j));
+  if (tail > 0) max_v = max_of(max_v, Vec::set(lowest, Vec::loadu(row + full, tail), tail));
+  const Vec max(at::vec::vec_reduce_all<float>(max_of, max_v));
   // exp(scale * (s - max)): scale > 0, so the largest exponent is 0.
-  at::vec::map<float>([max, scale](Vec v) { return ((v - Vec(max)) * Vec(scale)).exp_u20(); }, row,
-                      row, n);
-  const float inv = 1.0f / at::vec::reduce_all<float>([](Vec a, Vec b) { return a + b; }, row, n);
-  at::vec::map<float>([inv](Vec v) { return v * Vec(inv); }, row, row, n);
-  if (static_cast<void*>(out) != static_cast<void*>(row)) at::vec::convert(row, out, n);
-  std::fill(out + n, out + Lk, T(0));
+  const auto scaled_exp = [&](Vec s) { return ((s - max) * Vec(scale)).exp_u20(); };
+  Vec sum_v(0.0f);
+  for (int64_t j = 0; j < full; j += V) {
+    const Vec e = scaled_exp(Vec::loadu(row + j));
+    e.store(row + j);
+    sum_v = sum_v + e;
+  }
+  if (tail > 0) {
+    const Vec e = Vec::set(Vec(0.0f), scaled_exp(Vec::loadu(row + full, tail)), tail);
+    e.store(row + full, tail);
+    sum_v = sum_v + e;
+  }
+  const float sum = at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return a + b; }, sum_v);
+  const Vec inv(1.0f / sum);
+  for_each_vector<T>(n, [&](int64_t j, int64_t c) {
+    store(out + j, lanes([&](Vec e) { return e * inv; }, load_fp32<T>(row + j, c)), c);
+  });
+  std::memset(out + n, 0, (Lk - n) * sizeof(T));  // +0 in every dtype
 }
 
 // One row of the backward: grad_scores into out[0, Lk) from the n kept probabilities and
-// gradients (drow, overwritten); buffer holds n floats unless T is float.
+// gradients drow: scale p (g - sum(p g)), in two passes, the probabilities up-cast on the fly.
 template <typename T>
-void softmax_backward_row(const T* probs, float* drow, int64_t n, int64_t Lk, float scale,
-                          float* buffer, T* out) {
-  const float* prow;
-  if constexpr (std::is_same_v<T, float>) {
-    prow = probs;
-  } else {
-    to_float(probs, buffer, n);
-    prow = buffer;
-  }
-  const float d = at::vec::map2_reduce_all<float>(
-      [](Vec a, Vec b) { return a * b; }, [](Vec a, Vec b) { return a + b; }, prow, drow, n);
-  at::vec::map2<float>([d, scale](Vec pv, Vec g) { return pv * (g - Vec(d)) * Vec(scale); }, drow,
-                       prow, drow, n);
-  if (static_cast<void*>(out) != static_cast<void*>(drow)) at::vec::convert(drow, out, n);
-  std::fill(out + n, out + Lk, T(0));
+void softmax_backward_row(const T* probs, const float* drow, int64_t n, int64_t Lk, float scale,
+                          T* out) {
+  Vec dot_v(0.0f);
+  for_each_vector<T>(n, [&](int64_t j, int64_t c) {
+    dot_v =
+        dot_v + total(lanes(std::multiplies<>(), load(probs + j, c), load_fp32<T>(drow + j, c)));
+  });
+  const Vec d(at::vec::vec_reduce_all<float>([](Vec a, Vec b) { return a + b; }, dot_v));
+  const auto grad_score = [&](Vec p, Vec g) { return p * (g - d) * Vec(scale); };
+  for_each_vector<T>(n, [&](int64_t j, int64_t c) {
+    store(out + j, lanes(grad_score, load(probs + j, c), load_fp32<T>(drow + j, c)), c);
+  });
+  std::memset(out + n, 0, (Lk - n) * sizeof(T));
 }
 
 // Rows of queries per brgemm call: its C block (32 x Lk fp32) stays in L1/L2, and a causal
@@ -90,7 +147,7 @@ void pack_transposed(const at::BFloat16* b, int64_t L, int64_t D, at::BFloat16* 
 
 // For each (Lq, D) matrix a of `as` and (Lk, D) matrix b of `bs` (same leading dims): the fp32
 // products a bᵀ by 32-row blocks, only the columns a causal block keeps, each block passed to
-// row(r, fp32 row of Lk, kept columns, Lk floats of scratch) as it is made.
+// row(r, fp32 row of Lk, kept columns) as it is made.
 template <typename Row>
 void bf16_products_by_rows(const at::Tensor& as, const at::Tensor& bs, bool causal, Row row) {
   const int64_t Lq = as.size(-2), D = as.size(-1), Lk = bs.size(-2);
@@ -99,8 +156,7 @@ void bf16_products_by_rows(const at::Tensor& as, const at::Tensor& bs, bool caus
   const auto* b = bs.const_data_ptr<at::BFloat16>();
   at::parallel_for(0, matrices, 1, [&](int64_t begin, int64_t end) {
     std::vector<at::BFloat16> packed(Lk * D);
-    std::vector<float> block((kRows + 1) * Lk);  // the block and a row of scratch
-    float* scratch = block.data() + kRows * Lk;
+    std::vector<float> block(kRows * Lk);
     for (int64_t h = begin; h < end; ++h) {
       pack_transposed(b + h * Lk * D, Lk, D, packed.data());
       for (int64_t m = 0; m < Lq; m += kRows) {
@@ -113,7 +169,7 @@ void bf16_products_by_rows(const at::Tensor& as, const at::Tensor& bs, bool caus
         TORCH_CHECK(false, "attention: this LibTorch has no bf16 brgemm");
 #endif
         for (int64_t i = 0; i < rows; ++i)
-          row(h * Lq + m + i, block.data() + i * Lk, kept(m + i, Lq, Lk, causal), scratch);
+          row(h * Lq + m + i, block.data() + i * Lk, kept(m + i, Lq, Lk, causal));
       }
     }
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
@@ -128,7 +184,7 @@ void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, bool causa
                             const at::Tensor& probs) {
   const int64_t Lk = k.size(-2);
   auto* p = probs.data_ptr<at::BFloat16>();
-  bf16_products_by_rows(q, k, causal, [&](int64_t r, float* scores, int64_t n, float*) {
+  bf16_products_by_rows(q, k, causal, [&](int64_t r, float* scores, int64_t n) {
     softmax_row(scores, n, Lk, scale, p + r * Lk);
   });
 }
@@ -138,8 +194,8 @@ void attention_bf16_backward(const at::Tensor& probs, const at::Tensor& grad, co
   const int64_t Lk = v.size(-2);
   const auto* p = probs.const_data_ptr<at::BFloat16>();
   auto* ds = grad_scores.data_ptr<at::BFloat16>();
-  bf16_products_by_rows(grad, v, causal, [&](int64_t r, float* grad_probs, int64_t n, float* buf) {
-    softmax_backward_row(p + r * Lk, grad_probs, n, Lk, scale, buf, ds + r * Lk);
+  bf16_products_by_rows(grad, v, causal, [&](int64_t r, float* grad_probs, int64_t n) {
+    softmax_backward_row(p + r * Lk, grad_probs, n, Lk, scale, ds + r * Lk);
   });
 }
 
@@ -166,10 +222,9 @@ void attention_softmax_backward(const at::Tensor& probs, const at::Tensor& grad_
     const T* p = probs.const_data_ptr<T>();
     T* ds = grad_scores.data_ptr<T>();
     at::parallel_for(0, R, grain(Lk), [&](int64_t begin, int64_t end) {
-      std::vector<float> buffer(std::is_same_v<T, float> ? 0 : Lk);
       for (int64_t r = begin; r < end; ++r)
         softmax_backward_row(p + r * Lk, dp + r * Lk, kept(r, Lq, Lk, causal), Lk, scale,
-                             buffer.data(), ds + r * Lk);
+                             ds + r * Lk);
     });
   });
 }
