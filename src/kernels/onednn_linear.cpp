@@ -35,14 +35,22 @@ bool onednn_linear_runs() {
 }
 
 // LibTorch's at::native::mkldnn_matmul(mat1, mat2, result, beta, alpha): exported, but its header
-// is not installed, and whether it takes fp32 depends on the version (2.13's does; the probe
-// below finds out). Looked up by its mangled name, so that a LibTorch without it (or with
-// another signature) leaves it unused rather than failing to load mixprec.
+// is not installed, and whether it takes fp32 depends on the version and the CPU (2.13's does
+// where the CPU has AVX-512 BW/VL/DQ or AVX-NE-CONVERT; the probe below finds out). Looked up by
+// its mangled name in the library that holds at::globalContext (libtorch_cpu), so that a
+// LibTorch without it (or with other parameters) leaves it unused rather than failing to load
+// mixprec. The name does not fix the return type: that it stays void is assumed.
 using MkldnnMatmul = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, float,
                               float);
 MkldnnMatmul mkldnn_matmul() {
-  static const auto fn = reinterpret_cast<MkldnnMatmul>(
-      dlsym(RTLD_DEFAULT, "_ZN2at6native13mkldnn_matmulERKNS_6TensorES3_S3_ff"));
+  static const auto fn = []() -> MkldnnMatmul {
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&at::globalContext), &info) == 0) return nullptr;
+    void* library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);  // already loaded: no load
+    if (library == nullptr) return nullptr;
+    return reinterpret_cast<MkldnnMatmul>(
+        dlsym(library, "_ZN2at6native13mkldnn_matmulERKNS_6TensorES3_S3_ff"));
+  }();
   return fn;
 }
 
@@ -51,7 +59,8 @@ bool onednn_mm_runs() {
     if (!at::hasMKLDNN() || mkldnn_matmul() == nullptr) return false;
     try {
       const auto x = at::arange(1, 5, at::kFloat).view({2, 2});  // (1 2; 3 4)
-      return at::equal(onednn_mm(x.t(), x), at::tensor({10.f, 14.f, 14.f, 20.f}).view({2, 2}));
+      const auto y = at::arange(5, 9, at::kFloat).view({2, 2});  // (5 6; 7 8)
+      return at::equal(onednn_mm(x.t(), y), at::tensor({26.f, 30.f, 38.f, 44.f}).view({2, 2}));
     } catch (const std::exception&) {  // "only enabled for bf16 and fp16", oneDNN's own
       return false;
     }

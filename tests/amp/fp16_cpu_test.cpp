@@ -101,7 +101,7 @@ TEST_F(Fp16CpuTest, Fp32ProductsTakeOnednnWhereItRuns) {
     return calls_of("mixprec::onednn_mm", f);
   };
   const int64_t onednn = at::hasMKLDNN() ? 1 : 0;
-  const auto square = torch::randn({2, 2});
+  const auto square = torch::randn({2, 2});  // whether it runs here: tests/models/linear_test.cpp
   const int64_t matmul = mixprec::kernels::onednn_mm_takes(square.t(), square) ? 1 : 0;
   at::mm(a, b);  // the first one probes oneDNN, with a call of its own
   EXPECT_EQ(linear_calls([&] { at::mm(a, b); }), onednn);
@@ -110,7 +110,6 @@ TEST_F(Fp16CpuTest, Fp32ProductsTakeOnednnWhereItRuns) {
   EXPECT_EQ(linear_calls([&] { at::mm(column_major, b); }), 0);
   EXPECT_EQ(matmul_calls([&] { at::mm(column_major, b); }), matmul);
   EXPECT_EQ(matmul_calls([&] { at::mm(column_major, b.t().contiguous().t()); }), matmul);
-  EXPECT_EQ(matmul_calls([&] { at::mm(a.narrow(1, 0, 32), b.narrow(0, 0, 32)); }), 0);  // strided
   EXPECT_EQ(linear_calls([&] { at::addmm(bias, a, b, 0.5, 2.0); }), 0);
   EXPECT_EQ(linear_calls([&] { at::addmm(half_randn({33, 17}), a, b); }), 0);
 }

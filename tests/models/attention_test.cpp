@@ -114,6 +114,62 @@ TEST(Attention, MatmulKernelIsAsAccurateAsFlash) {
       }
 }
 
+// The softmax kernels of every build this CPU runs (the AVX2 one on an AVX-512 CPU too, which
+// the model never calls there), on rows that keep 1 to 37 columns (every tail length), into
+// each dtype, and in place for fp32 as the kernel calls them: within one rounding of fp64.
+TEST(Attention, SoftmaxKernelsOfEveryBuildMatchFp64) {
+  namespace kernels = mixprec::models::kernels;
+  using Forward = void (*)(const at::Tensor&, int64_t, bool, float, const at::Tensor&);
+  using Backward =
+      void (*)(const at::Tensor&, const at::Tensor&, int64_t, bool, float, const at::Tensor&);
+  std::vector<std::tuple<std::string, Forward, Backward>> builds;
+#ifdef MIXPREC_HAVE_X86_KERNELS
+  const auto isa = mixprec::kernels::cpu_isa();
+  if (isa == mixprec::kernels::Isa::kAvx512)
+    builds.emplace_back("avx512", kernels::avx512::attention_softmax_forward,
+                        kernels::avx512::attention_softmax_backward);
+  if (isa != mixprec::kernels::Isa::kNone)
+    builds.emplace_back("avx2", kernels::avx2::attention_softmax_forward,
+                        kernels::avx2::attention_softmax_backward);
+#endif
+  if (builds.empty()) GTEST_SKIP() << "no AVX2/AVX-512 kernels on this CPU";
+  torch::manual_seed(3);
+  const int64_t L = 37;
+  const float scale = 0.5f;
+  for (const auto& [name, forward, backward] : builds)
+    for (bool causal : {true, false})
+      for (auto dtype : {torch::kFloat, torch::kBFloat16, torch::kHalf})
+        for (bool in_place : {false, true}) {
+          if (in_place && dtype != torch::kFloat) continue;
+          SCOPED_TRACE(::testing::Message() << name << " causal " << causal << " " << dtype
+                                            << (in_place ? " in place" : ""));
+          const auto scores = torch::randn({2, L, L}) * 4;
+          const auto keep =
+              causal ? torch::ones({L, L}, torch::kBool).tril() : torch::ones({L, L}, torch::kBool);
+          const auto want = (scores.to(torch::kDouble) * scale)
+                                .masked_fill(keep.logical_not(), -INFINITY)
+                                .softmax(-1);
+          auto s = scores.clone();
+          const auto probs = in_place ? s : torch::empty({2, L, L}, dtype);
+          forward(s, L, causal, scale, probs);
+          const double ulp = dtype == torch::kFloat      ? 1e-6
+                             : dtype == torch::kBFloat16 ? std::ldexp(1.0, -8)
+                                                         : std::ldexp(1.0, -11);
+          EXPECT_LE((probs.to(torch::kDouble) - want).abs().max().item<double>(), ulp);
+          EXPECT_TRUE(probs.masked_select(keep.logical_not()).eq(0).all().item<bool>());
+          // The backward from these probabilities, as rounded.
+          const auto grad = torch::randn({2, L, L});
+          const auto p = probs.to(torch::kDouble), g = grad.to(torch::kDouble);
+          const auto want_grad = scale * p * (g - (p * g).sum(-1, true));
+          auto g_in = grad.clone();
+          const auto grad_scores = in_place ? g_in : torch::empty({2, L, L}, dtype);
+          backward(probs, g_in, L, causal, scale, grad_scores);
+          const double bound = ulp * want_grad.abs().max().item<double>() + 1e-6;
+          EXPECT_LE((grad_scores.to(torch::kDouble) - want_grad).abs().max().item<double>(), bound);
+          EXPECT_TRUE(grad_scores.masked_select(keep.logical_not()).eq(0).all().item<bool>());
+        }
+}
+
 // Where oneDNN's bf16 brgemm runs, the matmul kernel makes the bf16 scores and their gradient
 // with it (two of its six GEMMs); fp32, fp16 and an odd head dim (no VNNI pairs) take
 // LibTorch's GEMMs for all six. (The test above checks the results.)

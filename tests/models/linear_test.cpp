@@ -72,8 +72,13 @@ TEST(Linear, TakesOnednnForFp32OutsideAutocastOnly) {
   EXPECT_EQ(mixprec::models::linear_uses_onednn(), at::hasMKLDNN());
   const auto square = torch::randn({2, 2});
   const bool onednn_mm = mixprec::kernels::onednn_mm_takes(square.t(), square);
-#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)
-  EXPECT_EQ(onednn_mm, at::hasMKLDNN());  // found by its mangled name, and takes fp32
+#if (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)) && \
+    defined(__x86_64__)
+  // Found by its mangled name, and takes fp32 where the CPU passes its check.
+  if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+      __builtin_cpu_supports("avx512dq")) {
+    EXPECT_EQ(onednn_mm, at::hasMKLDNN());
+  }
 #endif
   auto ops_of = [](torch::ScalarType dtype, bool autocast) {
     const auto x = torch::randn({4, 8, 16}, dtype).requires_grad_();
@@ -163,6 +168,35 @@ TEST(Linear, BehavesAsLibTorchsLinearInAutograd) {
   EXPECT_TRUE(torch::allclose(
       second([&](auto x, auto w) { return linear(x, w, b0, WeightLayout::kInOut); }),
       second([&](auto x, auto w) { return at::addmm(b0, x, w); }), 1e-4, 1e-5));
+}
+
+// The weight gradient's GEMM takes fp32 operands that are row-major or the transpose of one
+// (storage offsets and single rows too), and computes a b; anything else is left to at::mm.
+TEST(Linear, OnednnMatmulTakesPlainAndTransposedFp32Only) {
+  using mixprec::kernels::onednn_mm;
+  using mixprec::kernels::onednn_mm_takes;
+  torch::manual_seed(2);
+  const auto square = torch::randn({2, 2});
+  const bool runs = onednn_mm_takes(square.t(), square);
+  const auto a = torch::randn({5, 4}), b = torch::randn({4, 3});
+  const auto rows = torch::randn({7, 4}).narrow(0, 2, 5);  // row-major at an offset
+  for (const auto& [x, y] :
+       std::vector<std::pair<torch::Tensor, torch::Tensor>>{{a, b},
+                                                            {a.t().contiguous().t(), b},
+                                                            {a, b.t().contiguous().t()},
+                                                            {rows, b},
+                                                            {a.narrow(0, 0, 1), b}}) {
+    ASSERT_EQ(onednn_mm_takes(x, y), runs) << x.strides() << " " << y.strides();
+    if (runs) {
+      EXPECT_TRUE(torch::allclose(onednn_mm(x, y), x.mm(y), 1e-5, 1e-6));
+    }
+  }
+  EXPECT_FALSE(onednn_mm_takes(torch::randn({5, 6}).narrow(1, 0, 4), b));  // strided
+  EXPECT_FALSE(onednn_mm_takes(torch::randn({1, 4}).expand({5, 4}), b));   // zero stride
+  EXPECT_FALSE(onednn_mm_takes(a.to(torch::kBFloat16), b.to(torch::kBFloat16)));
+  EXPECT_FALSE(onednn_mm_takes(a.to(torch::kDouble), b.to(torch::kDouble)));
+  EXPECT_FALSE(onednn_mm_takes(torch::randn({0, 4}), b));
+  EXPECT_FALSE(onednn_mm_takes(a, torch::randn({5, 3})));  // sizes do not fit
 }
 
 TEST(Linear, EmptyRowsOrColumnsGiveEmptyOutputsAndZeroGradients) {

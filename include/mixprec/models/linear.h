@@ -17,7 +17,9 @@ enum class WeightLayout {
 /// `mkldnn::_linear_pointwise` (bias fused) for the output and the input gradient, and its
 /// matmul (`at::native::mkldnn_matmul`, which reads the transposed operands without a copy) for
 /// the weight gradient where that LibTorch's takes fp32, else `at::mm`. Same fp32 math in
-/// another summation order. LibTorch's own fp32 GEMMs are MKL's, which run AVX2 code on AMD CPUs:
+/// another summation order (with LibTorch's default fp32 precision: where oneDNN's fp32
+/// matmuls are set to bf16 or tf32, this matmul follows the setting at every size, `at::mm` only
+/// above its size threshold). LibTorch's own fp32 GEMMs are MKL's, which run AVX2 code on AMD CPUs:
 /// on the AVX-512 Zen 5 where mixprec is benchmarked, a GPT-2 layer's forward ran up to 1.2x faster
 /// with oneDNN's and its backward up to 1.2x (`bench/linear_bench`), GPT-2's fp32 step 1.12x
 /// (small) and 1.15x (large) (not measured on other CPUs). Everything else (other dtypes and

@@ -33,13 +33,21 @@ int64_t kept(int64_t r, int64_t Lq, int64_t Lk, bool causal) {
 }
 
 // Loads count (<= one vector of T) values as fp32 vectors, zeros past count: one vector for
-// float, two for 16 bits.
+// float, two for 16 bits. (Older LibTorch's AVX2 16-bit loadu leaves the lanes past count
+// undefined, and 0 * inf there would make a row's sum NaN: they are zeroed here.)
 template <typename T>
 auto load(const T* p, int64_t count) {
-  if constexpr (std::is_same_v<T, float>)
+  if constexpr (std::is_same_v<T, float>) {
     return Vec::loadu(p, count);
-  else
-    return at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p, count));
+  } else {
+    auto [lo, hi] = at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p, count));
+    constexpr int64_t V = Vec::size();
+    if (count < 2 * V) {
+      lo = Vec::set(Vec(0.0f), lo, std::min(count, V));
+      hi = Vec::set(Vec(0.0f), hi, std::max<int64_t>(count - V, 0));
+    }
+    return std::make_tuple(lo, hi);
+  }
 }
 
 // count (<= one vector of T) fp32 values, as load<T>() gives T's.

@@ -9,8 +9,9 @@
 // contiguous float, BFloat16 or Half (float: may be scores itself).
 // backward: grad_scores[r, j] = scale * probs[r, j] * (grad_probs[r, j] - D_r)
 // with D_r = sum_j probs[r, j] * grad_probs[r, j], computed in fp32 and
-// rounded once. grad_probs: contiguous fp32, overwritten; grad_scores:
-// contiguous, probs' dtype (float: may be grad_probs itself).
+// rounded once. grad_probs: contiguous fp32 (overwritten only where it is
+// grad_scores); grad_scores: contiguous, probs' dtype (float: may be grad_probs
+// itself).
 //
 // attention_bf16_forward / _backward: the same from contiguous bf16 (.., L, D)
 // inputs, with the fp32 products (scores = q kᵀ, grad_probs = grad vᵀ) made by
