@@ -46,7 +46,8 @@ MkldnnMatmul mkldnn_matmul() {
   static const auto fn = []() -> MkldnnMatmul {
     Dl_info info;
     if (dladdr(reinterpret_cast<void*>(&at::globalContext), &info) == 0) return nullptr;
-    void* library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);  // already loaded: no load
+    // Already loaded, so nothing loads; the handle stays open, as fn points into it.
+    void* library = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
     if (library == nullptr) return nullptr;
     return reinterpret_cast<MkldnnMatmul>(
         dlsym(library, "_ZN2at6native13mkldnn_matmulERKNS_6TensorES3_S3_ff"));
