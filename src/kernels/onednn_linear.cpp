@@ -69,6 +69,10 @@ bool onednn_mm_runs() {
   return runs;
 }
 
+bool fp32_cpu(const at::Tensor& t) {
+  return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat;
+}
+
 // Row-major, or the transpose of a row-major tensor.
 bool plain_or_transposed(const at::Tensor& t) {
   return row_major(t) || (t.dim() == 2 && t.stride(0) == 1 && t.stride(1) == t.size(0));
@@ -81,9 +85,6 @@ bool onednn_linear_available() {
 }
 
 bool onednn_linear_takes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
-  const auto fp32_cpu = [](const at::Tensor& t) {
-    return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat;
-  };
   return x.dim() >= 1 && x.numel() > 0 && fp32_cpu(x) && w.dim() == 2 && w.numel() > 0 &&
          w.size(1) == x.size(-1) && fp32_cpu(w) && w.is_non_overlapping_and_dense() &&
          (!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && fp32_cpu(bias))) &&
@@ -91,11 +92,10 @@ bool onednn_linear_takes(const at::Tensor& x, const at::Tensor& w, const at::Ten
 }
 
 bool onednn_mm_takes(const at::Tensor& a, const at::Tensor& b) {
-  const auto fp32_cpu = [](const at::Tensor& t) {
-    return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat &&
-           t.numel() > 0 && plain_or_transposed(t);
+  const auto operand = [](const at::Tensor& t) {
+    return fp32_cpu(t) && t.numel() > 0 && plain_or_transposed(t);
   };
-  return a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && fp32_cpu(a) && fp32_cpu(b) &&
+  return a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && operand(a) && operand(b) &&
          onednn_mm_runs() && at::globalContext().userEnabledMkldnn();
 }
 

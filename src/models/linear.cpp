@@ -78,12 +78,13 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   // One op for LibTorch's profiler and the numerics monitor, whichever path runs.
   at::RecordFunction guard(at::RecordScope::FUNCTION);
   guard.before("mixprec::linear");
+  const auto maybe_bias = bias.defined() ? std::optional(bias) : std::nullopt;
   at::Tensor y;
   if (x.dim() >= 2 && !at::autocast::is_autocast_enabled(at::kCPU) &&
       mixprec::kernels::onednn_linear_takes(x, in_out ? weight.t() : weight, bias)) {
-    y = OnednnLinear::apply(x, weight, bias.defined() ? std::optional(bias) : std::nullopt, in_out);
+    y = OnednnLinear::apply(x, weight, maybe_bias, in_out);
   } else if (!in_out) {
-    y = at::linear(x, weight, bias.defined() ? std::optional(bias) : std::nullopt);
+    y = at::linear(x, weight, maybe_bias);
   } else {
     const auto x2 = x.reshape({-1, x.size(-1)});
     y = (bias.defined() ? at::addmm(bias, x2, weight) : at::mm(x2, weight))

@@ -89,7 +89,9 @@ void for_each_vector(int64_t n, F f) {
 }
 
 // One row of the forward: probabilities of its n kept scores (overwritten) into out[0, Lk).
-// Three passes over the row in L1 (max; exp and sum; scale and rounding), tails masked.
+// Three passes over the row in L1 (max; exp and sum; scale and rounding), tails masked. The
+// first two mask only the tail vector: masking each vector, as for_each_vector's callers do,
+// was ~10% slower there.
 template <typename T>
 void softmax_row(float* row, int64_t n, int64_t Lk, float scale, T* out) {
   constexpr int64_t V = Vec::size();
