@@ -4,10 +4,12 @@
 #include "mixprec/models/attention.h"
 #include "mixprec/models/cross_entropy.h"
 #include "mixprec/models/gelu.h"
+#include "mixprec/models/layer_norm.h"
 #include "mixprec/models/linear.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
@@ -229,9 +231,22 @@ GPT2BlockImpl::GPT2BlockImpl(const GPT2Config& config) {
   mlp = register_module("mlp", GPT2MLP(config));
 }
 
+namespace {
+
+// ln(x) for a block's attention or MLP. Under CPU autocast their first matmul would round it
+// to 16 bits: layer_norm's fused kernel makes it in that dtype at once (models/layer_norm.h).
+torch::Tensor norm_for_matmul(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+  if (!x.is_cpu() || x.scalar_type() != at::kFloat || !at::autocast::is_autocast_enabled(at::kCPU))
+    return ln(x);
+  return layer_norm(x, ln->weight, ln->bias, ln->options.eps(),
+                    at::autocast::get_autocast_dtype(at::kCPU));
+}
+
+}  // namespace
+
 torch::Tensor GPT2BlockImpl::forward(const torch::Tensor& x) {
-  auto h = x + attn(ln_1(x));
-  return h + mlp(ln_2(h));
+  auto h = x + attn(norm_for_matmul(ln_1, x));
+  return h + mlp(norm_for_matmul(ln_2, h));
 }
 
 GPT2ModelImpl::GPT2ModelImpl(const GPT2Config& config) : n_positions_(config.n_positions) {
