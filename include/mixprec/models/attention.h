@@ -37,13 +37,18 @@ enum class AttentionKernel {
 ///   (4, 12, 1024, 64)         87.7   151.8          148.5  138.4
 ///
 /// On an AMD EPYC (Zen 5: AVX512-BF16, no AMX), flash / flash on fp32 / matmul (bf16 matmul
-/// with brgemm; without it, before brgemm was used: 1.9, 22.3, 157, 462):
+/// with brgemm; without it, before brgemm was used: 1.9, 22.3, 157, 462), since the kernels
+/// run on both threads (OpenMP; before: matmul bf16 1.7, 17.7, 97, 294, fp32 1.9, 31.2, 143):
 ///
 ///   (B, heads, T, head dim)   fp32                bf16                fp16
-///   (8, 4, 128, 32)           4.4 / 2.5 / 1.9     5.8 / 2.7 / 1.7     13.1 / 2.6 / 2.3
-///   (8, 8, 256, 64)           32.9 / 31.1 / 31.2  32.0 / 32.3 / 17.7  182 / 30.8 / 30.5
-///   (8, 8, 512, 64)           110 / 109 / 143     103 / 112 / 97      842 / 116 / 146
-///   (4, 12, 1024, 64)         230 / 225 / 417     200 / 252 / 294     1733 / 243 / 422
+///   (8, 4, 128, 32)           2.6 / 2.4 / 1.7     5.5 / 2.6 / 1.1     13.0 / 2.6 / 2.2
+///   (8, 8, 256, 64)           31.0 / 29.3 / 26.0  31.1 / 29.1 / 12.1  181 / 29.6 / 30.0
+///   (8, 8, 512, 64)           107 / 121 / 136     100 / 110 / 53      795 / 126 / 137
+///   (4, 12, 1024, 64)         235 / 236 / 382     189 / 235 / 200     1678 / 230 / 391
+///
+/// (fp32 at T = 256 stays on flash: the matmul kernel's 16% here did not show in the large
+/// GPT-2 fp32 step, 1.002x in 5 interleaved pairs, and it keeps the (B, heads, T, T) fp32
+/// probabilities: 16 MB a layer there.)
 ///
 /// So, with AMX-BF16 (LibTorch's bf16 kernels run on it): fp32 as is, fp16 in fp32, bf16 in
 /// fp32 up to T = 128 and natively above. Without: kMatmul up to T = 128 in every dtype and in
