@@ -49,6 +49,9 @@ struct FusedLayerNorm : torch::autograd::Function<FusedLayerNorm> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     RECORD_FUNCTION("mixprec::layer_norm_backward", std::vector<c10::IValue>());
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "mixprec::models::layer_norm is differentiable once: its backward does not "
+                "record a graph (create_graph=true)");
     const auto saved = ctx->get_saved_variables();
     const auto &x = saved[0], &weight = saved[1], &mean = saved[2], &rstd = saved[3];
     auto dx = at::empty_like(x), dweight = at::empty_like(weight), dbias = at::empty_like(weight);

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <optional>
+#include <set>
 #include <span>
 
 #include "kernels/isa.h"
@@ -32,6 +33,11 @@ std::optional<double> clip_fp32_cpu(const std::vector<at::Tensor>& grads, double
           {kernels::avx512::sum_of_squares, kernels::avx512::scale},
           {kernels::avx2::sum_of_squares, kernels::avx2::scale}, {nullptr, nullptr});
   if (!sum_of_squares) return std::nullopt;
+  // A gradient listed twice (a parameter registered twice) counts twice and is scaled twice,
+  // as in PyTorch: the foreach path does that; here two threads would scale it at once.
+  std::set<const void*> seen;
+  for (const auto& g : grads)
+    if (!seen.insert(g.const_data_ptr()).second) return std::nullopt;
   std::vector<std::span<float>> blocks;
   for (const auto& g : grads) {
     if (!g.device().is_cpu() || g.scalar_type() != at::kFloat || g.layout() != at::kStrided ||

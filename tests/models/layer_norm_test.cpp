@@ -78,6 +78,14 @@ Reference reference(const torch::Tensor& x, const torch::Tensor& w, const torch:
   return {y.detach(), xd.grad(), wd.grad(), bd.grad()};
 }
 
+// Whether layer_norm runs mixprec's kernel here (not LibTorch's op and a cast).
+bool fused_runs() {
+  const auto ops = mixprec::testing::ops_run_by([] {
+    layer_norm(torch::randn({2, 8}), torch::ones({8}), torch::zeros({8}), kEps, torch::kFloat);
+  });
+  return std::count(ops.begin(), ops.end(), "mixprec::layer_norm") == 1;
+}
+
 // Each kernel this CPU can run, on every tail length of both vector widths: the output one
 // rounding from fp64's, the gradients (from a 16-bit dy as it comes) within fp32's error.
 TEST(LayerNorm, EveryKernelMatchesFp64) {
@@ -155,6 +163,46 @@ TEST(LayerNorm, MatchesLibTorchsLayerNormAndCast) {
   EXPECT_TRUE(torch::equal(plain, torch::layer_norm(xf, {C}, {}, {}, kEps).to(torch::kBFloat16)));
 }
 
+// On LibTorch's threads (rows enough for several chunks): the same fp64 checks, and the same
+// bits on one thread and on two (each chunk of rows sums its weight and bias gradients apart,
+// then the chunks add in order). Double backward is refused, not silently wrong.
+TEST(LayerNorm, ParallelRowsMatchFp64AndOneThreadsBits) {
+  torch::manual_seed(3);
+  const int64_t rows = 4099, C = 130;
+  const auto x = inputs(rows, C), w = 1 + torch::randn({C}), b = torch::randn({C});
+  const auto dy = torch::randn({rows, C}).to(torch::kBFloat16);
+  const auto ref = reference(x, w, b, dy);
+  const int threads = at::get_num_threads();
+  std::vector<std::vector<torch::Tensor>> results;
+  for (int n : {1, 2}) {
+    at::set_num_threads(n);
+    auto xg = x.clone().requires_grad_(), wg = w.clone().requires_grad_(),
+         bg = b.clone().requires_grad_();
+    auto y = layer_norm(xg, wg, bg, kEps, torch::kBFloat16);
+    y.backward(dy);
+    results.push_back({y, xg.grad(), wg.grad(), bg.grad()});
+  }
+  at::set_num_threads(threads);
+  const auto& r = results[1];
+  expect_output_close(r[0], ref.y, x, w, b, "forward");
+  expect_close(r[1], ref.dx, 1e-4, "dx");
+  expect_close(r[2], ref.dweight, 1e-4, "dweight");
+  expect_close(r[3], ref.dbias, 1e-5, "dbias");
+  if (fused_runs()) {  // (LibTorch's own sums per thread)
+    for (size_t i = 0; i < r.size(); ++i) EXPECT_TRUE(torch::equal(results[0][i], r[i])) << i;
+  }
+
+  auto xg = x.narrow(0, 0, 4).clone().requires_grad_();
+  const auto y = layer_norm(xg, w, b, kEps, torch::kBFloat16);
+  const auto grads = [&] {
+    return torch::autograd::grad({y}, {xg}, {torch::ones_like(y)}, /*retain_graph=*/true,
+                                 /*create_graph=*/true);
+  };
+  if (fused_runs()) {
+    EXPECT_THROW(grads(), c10::Error);
+  }
+}
+
 // GPT-2's blocks normalize into the autocast dtype through it (ln_f, whose output the model
 // returns, keeps LibTorch's fp32 op); without autocast, LibTorch's op everywhere.
 TEST(LayerNorm, Gpt2BlocksTakeItUnderAutocast) {
@@ -170,10 +218,7 @@ TEST(LayerNorm, Gpt2BlocksTakeItUnderAutocast) {
       out.loss.backward();
     });
   };
-  const auto probe = mixprec::testing::ops_run_by([] {
-    layer_norm(torch::randn({2, 8}), torch::ones({8}), torch::zeros({8}), kEps, torch::kFloat);
-  });
-  const bool kernel = std::count(probe.begin(), probe.end(), "mixprec::layer_norm") == 1;
+  const bool kernel = fused_runs();
 #ifdef MIXPREC_HAVE_X86_KERNELS
   const std::string capability = at::get_cpu_capability();
   EXPECT_EQ(kernel, capability == "AVX512" || capability == "AVX2");

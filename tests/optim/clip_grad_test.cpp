@@ -136,4 +136,17 @@ TEST(ClipGradNorm, ParametersWithoutGradientsAreSkipped) {
   EXPECT_FALSE(params[1].grad().defined());
 }
 
+// A parameter listed twice counts twice and is scaled twice, as LibTorch's clip_grad_norm_
+// does (mixprec's kernels, which scale blocks in parallel, leave it to the foreach path).
+TEST(ClipGradNorm, ParametersListedTwiceMatchLibTorch) {
+  auto ours = with_grads(random_grads()), theirs = with_grads(random_grads());
+  ours.push_back(ours[2]);
+  theirs.push_back(theirs[2]);
+  const double norm = clip_grad_norm_(ours, 0.5);
+  const double want = torch::nn::utils::clip_grad_norm_(theirs, 0.5);
+  EXPECT_NEAR(norm, want, 1e-6 * want);
+  for (size_t i = 0; i < ours.size(); ++i)
+    EXPECT_TRUE(torch::allclose(ours[i].grad(), theirs[i].grad(), 1e-6, 0)) << i;
+}
+
 }  // namespace

@@ -22,6 +22,9 @@ namespace {
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kLanes = Vec::size();
 
+// v with its lanes from count on zeroed (Vec::set's blend, only for a row's tail vector).
+Vec head(Vec v, int64_t count) { return count < kLanes ? Vec::set(Vec(0.0f), v, count) : v; }
+
 // count (<= kLanes) values of T as fp32, zeros past count (older LibTorch's AVX2 16-bit
 // loadu leaves those lanes undefined).
 template <typename T>
@@ -31,7 +34,7 @@ Vec load(const T* p, int64_t count) {
   } else {
     const Vec v =
         std::get<0>(at::vec::convert_to_float<T>(at::vec::Vectorized<T>::loadu(p, count)));
-    return count < kLanes ? Vec::set(Vec(0.0f), v, count) : v;
+    return head(v, count);
   }
 }
 
@@ -80,7 +83,7 @@ void layer_norm_forward(const at::Tensor& x, const at::Tensor& weight, const at:
         const float mu = sum(s) / static_cast<float>(C);
         Vec sq(0.0f);
         for_each_vector(C, [&](int64_t j, int64_t c) {
-          const Vec d = Vec::set(Vec(0.0f), Vec::loadu(row + j, c) - Vec(mu), c);
+          const Vec d = head(Vec::loadu(row + j, c) - Vec(mu), c);
           sq = at::vec::fmadd(d, d, sq);
         });
         const float rs =
@@ -98,7 +101,8 @@ void layer_norm_forward(const at::Tensor& x, const at::Tensor& weight, const at:
 }
 
 // dx = rstd (g - mean(g) - xhat mean(g xhat)) with g = dy weight; dweight and dbias sum
-// dy xhat and dy over the rows, each thread into its own row of a buffer first.
+// dy xhat and dy over the rows: each fixed chunk of rows into its own row of a buffer, then the
+// chunks in order, so the sums do not depend on the thread count.
 void layer_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Tensor& mean,
                          const at::Tensor& rstd, const at::Tensor& weight, const at::Tensor& dx,
                          const at::Tensor& dweight, const at::Tensor& dbias) {
@@ -108,48 +112,54 @@ void layer_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Te
   const float* means = mean.const_data_ptr<float>();
   const float* rstds = rstd.const_data_ptr<float>();
   float* dxs = dx.data_ptr<float>();
-  const int threads = at::get_num_threads();
-  std::vector<float> partial(static_cast<size_t>(threads) * 2 * C, 0.0f);  // (dweight, dbias)
+  const int64_t rows_per_chunk = grain(C), chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
+  std::vector<float> partial(static_cast<size_t>(chunks) * 2 * C, 0.0f);  // (dweight, dbias)
   mixprec::kernels::dispatch_float_types(dy.scalar_type(), "layer_norm backward", [&](auto zero) {
     using T = decltype(zero);
     const T* dys = dy.const_data_ptr<T>();
-    at::parallel_for(0, R, grain(C), [&](int64_t begin, int64_t end) {
-      float* dw = partial.data() + static_cast<size_t>(at::get_thread_num()) * 2 * C;
-      float* db = dw + C;
-      for (int64_t r = begin; r < end; ++r) {
-        const float* row = xs + r * C;
-        const T* drow = dys + r * C;
-        const Vec mu(means[r]), rs(rstds[r]);
-        Vec sum_g(0.0f), sum_g_xhat(0.0f);
-        for_each_vector(C, [&](int64_t j, int64_t c) {
-          const Vec d = load(drow + j, c);
-          const Vec xhat = (Vec::loadu(row + j, c) - mu) * rs;
-          const Vec gj = d * Vec::loadu(w + j, c);
-          sum_g = sum_g + gj;
-          sum_g_xhat = at::vec::fmadd(gj, xhat, sum_g_xhat);  // gj is 0 past the row
-          at::vec::fmadd(d, xhat, Vec::loadu(dw + j, c)).store(dw + j, c);
-          (Vec::loadu(db + j, c) + d).store(db + j, c);
-        });
-        const Vec a(sum(sum_g) / static_cast<float>(C));
-        const Vec b(sum(sum_g_xhat) / static_cast<float>(C));
-        for_each_vector(C, [&](int64_t j, int64_t c) {
-          const Vec xhat = (Vec::loadu(row + j, c) - mu) * rs;
-          const Vec gj = load(drow + j, c) * Vec::loadu(w + j, c);
-          (rs * (gj - a - xhat * b)).store(dxs + r * C + j, c);
-        });
+    at::parallel_for(0, chunks, 1, [&](int64_t first, int64_t last) {
+      for (int64_t chunk = first; chunk < last; ++chunk) {
+        float* dw = partial.data() + static_cast<size_t>(chunk) * 2 * C;
+        float* db = dw + C;
+        const int64_t end = std::min(R, (chunk + 1) * rows_per_chunk);
+        for (int64_t r = chunk * rows_per_chunk; r < end; ++r) {
+          const float* row = xs + r * C;
+          const T* drow = dys + r * C;
+          const Vec mu(means[r]), rs(rstds[r]);
+          // xhat is masked past the row: 0 * an overflowed (0 - mean) rstd would be NaN.
+          const auto xhat_of = [&](int64_t j, int64_t c) {
+            return head((Vec::loadu(row + j, c) - mu) * rs, c);
+          };
+          Vec sum_g(0.0f), sum_g_xhat(0.0f);
+          for_each_vector(C, [&](int64_t j, int64_t c) {
+            const Vec d = load(drow + j, c);
+            const Vec xhat = xhat_of(j, c);
+            const Vec gj = d * Vec::loadu(w + j, c);
+            sum_g = sum_g + gj;
+            sum_g_xhat = at::vec::fmadd(gj, xhat, sum_g_xhat);
+            at::vec::fmadd(d, xhat, Vec::loadu(dw + j, c)).store(dw + j, c);
+            (Vec::loadu(db + j, c) + d).store(db + j, c);
+          });
+          const Vec a(sum(sum_g) / static_cast<float>(C));
+          const Vec b(sum(sum_g_xhat) / static_cast<float>(C));
+          for_each_vector(C, [&](int64_t j, int64_t c) {
+            const Vec gj = load(drow + j, c) * Vec::loadu(w + j, c);
+            (rs * (gj - a - xhat_of(j, c) * b)).store(dxs + r * C + j, c);
+          });
+        }
       }
     });
   });
   float* dws = dweight.data_ptr<float>();
   float* dbs = dbias.data_ptr<float>();
-  for (int64_t j = 0; j < C; ++j) {
-    float sw = 0, sb = 0;
-    for (int t = 0; t < threads; ++t) {
-      sw += partial[(static_cast<size_t>(t) * 2) * C + j];
-      sb += partial[(static_cast<size_t>(t) * 2 + 1) * C + j];
+  std::fill(dws, dws + C, 0.0f);
+  std::fill(dbs, dbs + C, 0.0f);
+  for (int64_t chunk = 0; chunk < chunks; ++chunk) {  // row by row of the buffer: in cache
+    const float* dw = partial.data() + static_cast<size_t>(chunk) * 2 * C;
+    for (int64_t j = 0; j < C; ++j) {
+      dws[j] += dw[j];
+      dbs[j] += dw[C + j];
     }
-    dws[j] = sw;
-    dbs[j] = sb;
   }
 }
 
