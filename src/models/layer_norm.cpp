@@ -66,7 +66,7 @@ struct FusedLayerNorm : torch::autograd::Function<FusedLayerNorm> {
 
 bool fused(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
            at::ScalarType dtype) {
-  const auto fp32_cpu = [&](const at::Tensor& t) {
+  const auto fp32_cpu = [](const at::Tensor& t) {
     return t.defined() && t.is_cpu() && t.scalar_type() == at::kFloat;
   };
   const int64_t C = x.dim() >= 1 ? x.size(-1) : 0;
