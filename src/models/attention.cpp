@@ -47,9 +47,11 @@ using torch::autograd::variable_list;
 using SoftmaxForward = void (*)(const at::Tensor&, int64_t, bool, float, const at::Tensor&);
 using SoftmaxBackward = void (*)(const at::Tensor&, const at::Tensor&, int64_t, bool, float,
                                  const at::Tensor&);
-using Bf16Forward = void (*)(const at::Tensor&, const at::Tensor&, bool, float, const at::Tensor&);
-using Bf16Backward = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, float,
-                              const at::Tensor&);
+using Bf16Forward = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&, bool, float,
+                             const at::Tensor&, const at::Tensor&);
+using Bf16Backward = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&,
+                              const at::Tensor&, const at::Tensor&, bool, float, const at::Tensor&,
+                              const at::Tensor&, const at::Tensor&);
 struct SoftmaxKernel {
   SoftmaxForward forward = nullptr;
   SoftmaxBackward backward = nullptr;
@@ -70,9 +72,11 @@ SoftmaxKernel softmax_kernel() {
 #endif
 }
 
-// Whether bf16 (.., L, D) inputs take the brgemm kernels: D even, for the VNNI-2 layout.
-bool bf16_kernels_run(const at::Tensor& query) {
+// Whether bf16 inputs take the brgemm kernels: head dims and keys even, the VNNI-2 layout's
+// pairs.
+bool bf16_kernels_run(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
   return query.scalar_type() == at::kBFloat16 && query.size(-1) % 2 == 0 &&
+         value.size(-1) % 2 == 0 && key.size(-2) % 2 == 0 &&
          softmax_kernel().bf16_forward != nullptr && kernels::bf16_brgemm_runs();
 }
 
@@ -107,23 +111,26 @@ struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto dtype = compute_dtype(query);
     const auto q = dense(query, dtype), k = dense(key, dtype), v = dense(value, dtype);
-    at::Tensor probs;
-    if (bf16_kernels_run(q)) {
+    at::Tensor probs, out;
+    if (bf16_kernels_run(q, k, v)) {
       auto shape = q.sizes().vec();
       shape.back() = k.size(-2);
       probs = at::empty(shape, q.options());
-      softmax_kernel().bf16_forward(q, k, is_causal, scale_of(q), probs);
+      shape.back() = v.size(-1);
+      out = at::empty(shape, q.options());
+      softmax_kernel().bf16_forward(q, k, v, is_causal, scale_of(q), probs, out);
     } else {
       auto scores = at::matmul(dense(q, at::kFloat), dense(k, at::kFloat).transpose(-2, -1));
       probs = dtype == at::kFloat ? scores : at::empty_like(scores, dtype);
       softmax_kernel().forward(scores, q.size(-2), is_causal, scale_of(q), probs);
+      out = at::matmul(probs, v);
     }
     ctx->save_for_backward({q, k, v, probs});
     ctx->saved_data["is_causal"] = is_causal;
     ctx->saved_data["dtypes"] = std::vector<int64_t>{static_cast<int64_t>(query.scalar_type()),
                                                      static_cast<int64_t>(key.scalar_type()),
                                                      static_cast<int64_t>(value.scalar_type())};
-    return at::matmul(probs, v).to(query.scalar_type());
+    return out.to(query.scalar_type());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -135,26 +142,31 @@ struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
     const auto dtype = probs.scalar_type();
     const auto grad = dense(grad_outputs[0], dtype);  // exact: the inputs' dtype or fp32
     const bool is_causal = ctx->saved_data["is_causal"].toBool();
-    auto grad_value = at::matmul(probs.transpose(-2, -1), grad);
-    at::Tensor grad_scores;
-    if (bf16_kernels_run(q)) {
-      grad_scores = at::empty_like(probs);
-      softmax_kernel().bf16_backward(probs, grad, v, is_causal, scale_of(q), grad_scores);
+    at::Tensor grad_query, grad_key, grad_value;
+    if (bf16_kernels_run(q, k, v)) {
+      grad_query = at::empty_like(q), grad_key = at::empty_like(k), grad_value = at::empty_like(v);
+      softmax_kernel().bf16_backward(q, k, v, probs, grad, is_causal, scale_of(q), grad_query,
+                                     grad_key, grad_value);
     } else {
+      grad_value = at::matmul(probs.transpose(-2, -1), grad);
       auto grad_probs = at::matmul(dense(grad, at::kFloat), dense(v, at::kFloat).transpose(-2, -1));
-      grad_scores = dtype == at::kFloat ? grad_probs : at::empty_like(grad_probs, dtype);
+      auto grad_scores = dtype == at::kFloat ? grad_probs : at::empty_like(grad_probs, dtype);
       softmax_kernel().backward(probs, grad_probs, q.size(-2), is_causal, scale_of(q), grad_scores);
+      grad_query = at::matmul(grad_scores, k);
+      grad_key = at::matmul(grad_scores.transpose(-2, -1), q);
     }
-    auto grad_query = at::matmul(grad_scores, k);
-    auto grad_key = at::matmul(grad_scores.transpose(-2, -1), q);
     const auto as = [&](int i) { return static_cast<at::ScalarType>(dtypes[i]); };
     return {grad_query.to(as(0)), grad_key.to(as(1)), grad_value.to(as(2)), {}};
   }
 };
 
-bool matmul_supported(const at::Tensor& query, const at::Tensor& key, double dropout_p) {
+bool matmul_supported(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
+                      double dropout_p) {
   const auto dtype = query.scalar_type();
+  // Same leading dims: the backward returns gradients of the inputs' shapes, no broadcast.
   return query.is_cpu() && dropout_p == 0.0 && key.size(-2) > 0 &&
+         query.sizes().slice(0, query.dim() - 2) == key.sizes().slice(0, key.dim() - 2) &&
+         key.sizes().slice(0, key.dim() - 1) == value.sizes().slice(0, value.dim() - 1) &&
          softmax_kernel().forward != nullptr &&
          (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
 }
@@ -162,7 +174,7 @@ bool matmul_supported(const at::Tensor& query, const at::Tensor& key, double dro
 }  // namespace
 
 AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tensor& key,
-                                        double dropout_p) {
+                                        const at::Tensor& value, double dropout_p) {
   const auto dtype = query.scalar_type();
   const bool sixteen_bit = dtype == at::kHalf || dtype == at::kBFloat16;
   if (!query.is_cpu() || !(sixteen_bit || dtype == at::kFloat)) return AttentionKernel::kFlash;
@@ -172,8 +184,9 @@ AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tenso
     if (!sixteen_bit) return AttentionKernel::kFlash;
     return dtype == at::kHalf || T <= 128 ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash;
   }
-  if (matmul_supported(query, key, dropout_p) &&
-      (T <= 128 || (dtype == at::kBFloat16 && T <= (bf16_kernels_run(query) ? 512 : 256))))
+  if (matmul_supported(query, key, value, dropout_p) &&
+      (T <= 128 ||
+       (dtype == at::kBFloat16 && T <= (bf16_kernels_run(query, key, value) ? 512 : 256))))
     return AttentionKernel::kMatmul;
   if (dtype == at::kFloat) return AttentionKernel::kFlash;
   return dtype == at::kHalf || T <= 256 ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash;
@@ -182,12 +195,15 @@ AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tenso
 at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key,
                                         const at::Tensor& value, double dropout_p, bool is_causal,
                                         AttentionKernel kernel) {
-  if (kernel == AttentionKernel::kAuto) kernel = choose_attention_kernel(query, key, dropout_p);
-  TORCH_CHECK(kernel != AttentionKernel::kMatmul || matmul_supported(query, key, dropout_p),
+  if (kernel == AttentionKernel::kAuto)
+    kernel = choose_attention_kernel(query, key, value, dropout_p);
+  TORCH_CHECK(kernel != AttentionKernel::kMatmul || matmul_supported(query, key, value, dropout_p),
               "scaled_dot_product_attention: AttentionKernel::kMatmul needs CPU tensors of float, "
-              "bfloat16 or half, dropout_p 0, keys and an AVX2 or AVX-512 CPU; got ",
+              "bfloat16 or half, dropout_p 0, keys, query, key and value with the same batch "
+              "dims (no broadcast) and an AVX2 or AVX-512 CPU; got ",
               query.device(), " ", query.scalar_type(), ", dropout_p ", dropout_p, ", ",
-              key.size(-2), " keys");
+              key.size(-2), " keys, shapes ", query.sizes(), ", ", key.sizes(), ", ",
+              value.sizes());
   switch (kernel) {
     case AttentionKernel::kMatmul:
       return MatmulAttention::apply(query, key, value, is_causal);

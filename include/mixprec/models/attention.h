@@ -16,12 +16,14 @@ enum class AttentionKernel {
 /// chosen for speed; on other devices and dtypes than fp32/bf16/fp16, LibTorch's kernel as is.
 /// Every kernel returns the inputs' dtype. kFlashFp32 rounds once. kMatmul computes the scores
 /// and their gradient in fp32 (GEMMs on the exact up-casts, as the flash kernels accumulate
-/// them; for bf16, where oneDNN's bf16 brgemm runs without AMX, its fp32 sums of the exact
-/// products, 32 query rows at a time and only the blocks a causal mask keeps), rounds the
-/// probabilities to bf16 for the GEMMs with them as LibTorch's bf16 kernel does, and runs fp16
-/// inputs in fp32 throughout. Tested against fp64 (attention_test.cpp):
-/// for bf16, gradients as accurate as LibTorch's bf16 kernel, the output within 1.5x its error
-/// (it rounds normalized probabilities where flash rounds exp(s - max), exactly 1 at the max).
+/// them), rounds the probabilities to bf16 for the GEMMs with them as LibTorch's bf16 kernel
+/// does, and runs fp16 inputs in fp32 throughout. For bf16, where oneDNN's bf16 brgemm runs
+/// without AMX (and head dims and keys are even), all six GEMMs are brgemm's fp32 sums of the
+/// exact products, 32 rows at a time and only the blocks a causal mask keeps (about half).
+/// Tested against fp64 (attention_test.cpp): for bf16, the output within 1.5x the error of
+/// LibTorch's bf16 kernel (it rounds normalized probabilities where flash rounds exp(s - max),
+/// exactly 1 at the max), the gradients within 2x (its backward reads the probabilities
+/// rounded where flash recomputes them in fp32; both about one bf16 rounding).
 /// kMatmul keeps the (B, heads, Lq, Lk) probabilities for backward (and, but for bf16 with
 /// brgemm, makes the scores and their gradient in fp32 whole, for a moment), so kAuto picks it
 /// for short sequences only.
@@ -36,19 +38,21 @@ enum class AttentionKernel {
 ///   (8, 8, 512, 64)           44.3   69.9           86.5   70.6
 ///   (4, 12, 1024, 64)         87.7   151.8          148.5  138.4
 ///
-/// On an AMD EPYC (Zen 5: AVX512-BF16, no AMX), flash / flash on fp32 / matmul (bf16 matmul
-/// with brgemm; without it, before brgemm was used: 1.9, 22.3, 157, 462), since the kernels
-/// run on both threads (OpenMP; before: matmul bf16 1.7, 17.7, 97, 294, fp32 1.9, 31.2, 143):
+/// On an AMD EPYC (Zen 5: AVX512-BF16, no AMX), flash / flash on fp32 / matmul. bf16 matmul
+/// runs all its GEMMs on brgemm, the causal half skipped; before that (the scores' GEMMs only,
+/// `637186b`): 1.1, 12.1, 53, 200; before brgemm: 1.9, 22.3, 157, 462. A noisier run than
+/// the one before it (fp32 flash then 2.6, 31.0, 107, 235):
 ///
 ///   (B, heads, T, head dim)   fp32                bf16                fp16
-///   (8, 4, 128, 32)           2.6 / 2.4 / 1.7     5.5 / 2.6 / 1.1     13.0 / 2.6 / 2.2
-///   (8, 8, 256, 64)           31.0 / 29.3 / 26.0  31.1 / 29.1 / 12.1  181 / 29.6 / 30.0
-///   (8, 8, 512, 64)           107 / 121 / 136     100 / 110 / 53      795 / 126 / 137
-///   (4, 12, 1024, 64)         235 / 236 / 382     189 / 235 / 200     1678 / 230 / 391
+///   (8, 4, 128, 32)           3.7 / 3.6 / 2.7     8.4 / 3.5 / 1.0     15.4 / 4.2 / 2.3
+///   (8, 8, 256, 64)           35.0 / 33.4 / 33.7  42.8 / 37.0 / 11.4  210 / 31.1 / 32.5
+///   (8, 8, 512, 64)           111 / 109 / 138     103 / 112 / 45      775 / 115 / 139
+///   (4, 12, 1024, 64)         236 / 230 / 396     187 / 231 / 154     1675 / 229 / 395
 ///
-/// (fp32 at T = 256 stays on flash: the matmul kernel's 16% here did not show in the large
-/// GPT-2 fp32 step, 1.002x in 5 interleaved pairs, and it keeps the (B, heads, T, T) fp32
-/// probabilities: 16 MB a layer there.)
+/// (fp32 at T = 256 stays on flash: the matmul kernel's 16% in an earlier run did not show in
+/// the large GPT-2 fp32 step, 1.002x in 5 interleaved pairs, and it keeps the (B, heads, T, T)
+/// fp32 probabilities: 16 MB a layer there. bf16 at T = 1024 stays on flash too, though matmul
+/// is faster: its probabilities would be 96 MB a layer.)
 ///
 /// So, with AMX-BF16 (LibTorch's bf16 kernels run on it): fp32 as is, fp16 in fp32, bf16 in
 /// fp32 up to T = 128 and natively above. Without: kMatmul up to T = 128 in every dtype and in
@@ -62,6 +66,6 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
 
 /// The kernel kAuto runs for these inputs on this CPU (the rule above).
 AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tensor& key,
-                                        double dropout_p);
+                                        const at::Tensor& value, double dropout_p);
 
 }  // namespace mixprec::models

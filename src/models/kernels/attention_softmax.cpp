@@ -2,9 +2,9 @@
 // forward and backward, a few passes over each row while it is in L1: scale,
 // causal mask, softmax and the rounding to the probabilities' dtype in one
 // kernel, where LibTorch's ops would make four passes over memory and a mask;
-// the masked tails of the rows in vector code too; for bf16, also the GEMM
-// before it (oneDNN's brgemm, by blocks of rows). Built once per instruction
-// set (CMakeLists.txt).
+// the masked tails of the rows in vector code too; for bf16, the GEMMs around
+// it as well (oneDNN's brgemm, by blocks of rows, causal: the kept blocks
+// only). Built once per instruction set (CMakeLists.txt).
 #include "models/kernels/attention_softmax.h"
 #include "kernels/dispatch.h"
 
@@ -141,9 +141,23 @@ void softmax_backward_row(const T* probs, const float* drow, int64_t n, int64_t 
   std::memset(out + n, 0, (Lk - n) * sizeof(T));
 }
 
-// Rows of queries per brgemm call: its C block (32 x Lk fp32) stays in L1/L2, and a causal
-// block computes up to its last row's column only.
+// Rows (queries, or keys in the transposed products) per brgemm call: its C block (32 x Lk
+// fp32) stays in L1/L2, and a causal block computes up to its last row's column only.
 constexpr int64_t kRows = 32;
+
+int64_t round_up_even(int64_t n) { return n + n % 2; }
+
+// C (M x N fp32, ld_c) = A (M x K bf16, ld_a) B, B in oneDNN's VNNI-2 layout (K/2, ld_b, 2).
+// K even.
+void product(int64_t M, int64_t N, int64_t K, const at::BFloat16* a, int64_t ld_a,
+             const at::BFloat16* b, int64_t ld_b, float* c, int64_t ld_c) {
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
+  at::native::cpublas::brgemm(M, N, K, ld_a, ld_b, ld_c, /*add_C=*/false, a, b, c,
+                              /*is_vnni=*/true);
+#else
+  TORCH_CHECK(false, "attention: this LibTorch has no bf16 brgemm");
+#endif
+}
 
 // b (L, D) bf16 as oneDNN's VNNI-2 layout of its transpose, (D/2, L, 2): what brgemm takes for
 // B = bᵀ. Pairs along D move together, as 32-bit words.
@@ -155,57 +169,143 @@ void pack_transposed(const at::BFloat16* b, int64_t L, int64_t D, at::BFloat16* 
     for (int64_t i = 0; i < pairs; ++i) dst[i * L + t] = src[t * pairs + i];
 }
 
-// For each (Lq, D) matrix a of `as` and (Lk, D) matrix b of `bs` (same leading dims): the fp32
-// products a bᵀ by 32-row blocks, only the columns a causal block keeps, each block passed to
-// row(r, fp32 row of Lk, kept columns) as it is made.
-template <typename Row>
-void bf16_products_by_rows(const at::Tensor& as, const at::Tensor& bs, bool causal, Row row) {
-  const int64_t Lq = as.size(-2), D = as.size(-1), Lk = bs.size(-2);
-  const int64_t matrices = as.numel() / (Lq * D);
-  const auto* a = as.const_data_ptr<at::BFloat16>();
-  const auto* b = bs.const_data_ptr<at::BFloat16>();
-  at::parallel_for(0, matrices, 1, [&](int64_t begin, int64_t end) {
-    std::vector<at::BFloat16> packed(Lk * D);
-    std::vector<float> block(kRows * Lk);
-    for (int64_t h = begin; h < end; ++h) {
-      pack_transposed(b + h * Lk * D, Lk, D, packed.data());
-      for (int64_t m = 0; m < Lq; m += kRows) {
-        const int64_t rows = std::min(kRows, Lq - m), cols = kept(m + rows - 1, Lq, Lk, causal);
-#ifdef CPUBLAS_BRGEMM_BF16BF16F32
-        at::native::cpublas::brgemm(rows, cols, D, /*ld_a=*/D, /*ld_b=*/Lk, /*ld_c=*/Lk,
-                                    /*add_C=*/false, a + (h * Lq + m) * D, packed.data(),
-                                    block.data(), /*is_vnni=*/true);
-#else
-        TORCH_CHECK(false, "attention: this LibTorch has no bf16 brgemm");
-#endif
-        for (int64_t i = 0; i < rows; ++i)
-          row(h * Lq + m + i, block.data() + i * Lk, kept(m + i, Lq, Lk, causal));
-      }
+// b (L, N) bf16 as oneDNN's VNNI-2 layout, (L/2, N, 2) (a zero row after an odd L): what brgemm
+// takes for B = b. Rows t and t + 1 interleave into 32-bit words.
+void pack(const at::BFloat16* b, int64_t L, int64_t N, at::BFloat16* out) {
+  const auto* src = reinterpret_cast<const uint16_t*>(b);
+  auto* dst = reinterpret_cast<uint32_t*>(out);
+  for (int64_t t = 0; t < L; t += 2) {
+    const uint16_t* lo = src + t * N;
+    uint32_t* row = dst + t / 2 * N;
+    if (t + 1 < L) {
+      const uint16_t* hi = lo + N;
+      for (int64_t n = 0; n < N; ++n) row[n] = lo[n] | uint32_t{hi[n]} << 16;
+    } else {
+      for (int64_t n = 0; n < N; ++n) row[n] = lo[n];
     }
-#ifdef CPUBLAS_BRGEMM_BF16BF16F32
-    at::native::cpublas::brgemm_release(/*is_vnni=*/true);
-#endif
+  }
+}
+
+// rows x N fp32 (ld N) rounded once into bf16 rows (ld N).
+void round_rows(const float* c, int64_t rows, int64_t N, at::BFloat16* out) {
+  for_each_vector<at::BFloat16>(rows * N, [&](int64_t j, int64_t count) {
+    store(out + j, load_fp32<at::BFloat16>(c + j, count), count);
   });
+}
+
+// dst[j, r] = src[r, j] for rows [r0, R) and columns [j0, j1), by 32 x 32 tiles.
+void transpose(const at::BFloat16* src, int64_t ld_src, int64_t r0, int64_t R, int64_t j0,
+               int64_t j1, at::BFloat16* dst, int64_t ld_dst) {
+  for (int64_t rt = r0; rt < R; rt += 32)
+    for (int64_t jt = j0; jt < j1; jt += 32) {
+      const int64_t re = std::min(rt + 32, R), je = std::min(jt + 32, j1);
+      for (int64_t r = rt; r < re; ++r)
+        for (int64_t j = jt; j < je; ++j) dst[j * ld_dst + r] = src[r * ld_src + j];
+    }
+}
+
+void release_brgemm() {
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
+  at::native::cpublas::brgemm_release(/*is_vnni=*/true);
+#endif
 }
 
 }  // namespace
 
-void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, bool causal, float scale,
-                            const at::Tensor& probs) {
-  const int64_t Lk = k.size(-2);
-  auto* p = probs.data_ptr<at::BFloat16>();
-  bf16_products_by_rows(q, k, causal, [&](int64_t r, float* scores, int64_t n) {
-    softmax_row(scores, n, Lk, scale, p + r * Lk);
+// Per (Lq, D) matrix: by 32-row blocks, the scores q kᵀ (fp32, the kept columns), their softmax
+// into probs, and the block's output probs v (its kept columns: the rest are 0).
+void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            bool causal, float scale, const at::Tensor& probs,
+                            const at::Tensor& out) {
+  const int64_t Lq = q.size(-2), D = q.size(-1), Lk = k.size(-2), Dv = v.size(-1);
+  const auto* qs = q.const_data_ptr<at::BFloat16>();
+  const auto* ks = k.const_data_ptr<at::BFloat16>();
+  const auto* vs = v.const_data_ptr<at::BFloat16>();
+  auto* ps = probs.data_ptr<at::BFloat16>();
+  auto* os = out.data_ptr<at::BFloat16>();
+  at::parallel_for(0, q.numel() / (Lq * D), 1, [&](int64_t begin, int64_t end) {
+    std::vector<at::BFloat16> k_packed(Lk * D), v_packed(Lk * Dv);
+    std::vector<float> block(kRows * std::max(Lk, Dv));
+    for (int64_t h = begin; h < end; ++h) {
+      pack_transposed(ks + h * Lk * D, Lk, D, k_packed.data());
+      pack(vs + h * Lk * Dv, Lk, Dv, v_packed.data());
+      for (int64_t m = 0; m < Lq; m += kRows) {
+        const int64_t rows = std::min(kRows, Lq - m), cols = kept(m + rows - 1, Lq, Lk, causal);
+        auto* p = ps + (h * Lq + m) * Lk;
+        product(rows, cols, D, qs + (h * Lq + m) * D, D, k_packed.data(), Lk, block.data(), Lk);
+        for (int64_t i = 0; i < rows; ++i)
+          softmax_row(block.data() + i * Lk, kept(m + i, Lq, Lk, causal), Lk, scale, p + i * Lk);
+        // Lk is even, so the column past an odd cols is a masked 0 of every row here.
+        product(rows, Dv, round_up_even(cols), p, Lk, v_packed.data(), Dv, block.data(), Dv);
+        round_rows(block.data(), rows, Dv, os + (h * Lq + m) * Dv);
+      }
+    }
+    release_brgemm();
   });
 }
 
-void attention_bf16_backward(const at::Tensor& probs, const at::Tensor& grad, const at::Tensor& v,
-                             bool causal, float scale, const at::Tensor& grad_scores) {
-  const int64_t Lk = v.size(-2);
-  const auto* p = probs.const_data_ptr<at::BFloat16>();
-  auto* ds = grad_scores.data_ptr<at::BFloat16>();
-  bf16_products_by_rows(grad, v, causal, [&](int64_t r, float* grad_probs, int64_t n) {
-    softmax_backward_row(p + r * Lk, grad_probs, n, Lk, scale, ds + r * Lk);
+// Per matrix: the gradient of the scores ds by 32-row blocks (from grad vᵀ, the kept columns),
+// each block's grad_q = ds k at once; then grad_k = dsᵀ q and grad_v = probsᵀ grad by 32-key
+// blocks, from transposed copies of ds and probs, causal: only the queries that see the block.
+void attention_bf16_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& probs, const at::Tensor& grad, bool causal,
+                             float scale, const at::Tensor& grad_q, const at::Tensor& grad_k,
+                             const at::Tensor& grad_v) {
+  const int64_t Lq = q.size(-2), D = q.size(-1), Lk = k.size(-2), Dv = v.size(-1);
+  const int64_t Lq2 = round_up_even(Lq);  // the transposes' rows: VNNI pairs of queries
+  const auto* qs = q.const_data_ptr<at::BFloat16>();
+  const auto* ks = k.const_data_ptr<at::BFloat16>();
+  const auto* vs = v.const_data_ptr<at::BFloat16>();
+  const auto* ps = probs.const_data_ptr<at::BFloat16>();
+  const auto* gs = grad.const_data_ptr<at::BFloat16>();
+  auto* gq = grad_q.data_ptr<at::BFloat16>();
+  auto* gk = grad_k.data_ptr<at::BFloat16>();
+  auto* gv = grad_v.data_ptr<at::BFloat16>();
+  at::parallel_for(0, q.numel() / (Lq * D), 1, [&](int64_t begin, int64_t end) {
+    std::vector<at::BFloat16> v_packed(Lk * Dv), k_packed(Lk * D), q_packed(Lq2 * D),
+        g_packed(Lq2 * Dv), ds(Lq * Lk), transposed(Lk * Lq2);
+    std::vector<float> block(kRows * std::max({Lk, D, Dv}));
+    // out (keys x N, bf16) = srcᵀ b for the keys [n, n + keys) of src (Lq x Lk), b packed.
+    const auto transposed_product = [&](const at::BFloat16* src, const at::BFloat16* b_packed,
+                                        int64_t N, int64_t n, int64_t keys, at::BFloat16* out) {
+      // Causal (top-left): query r sees key j when j <= r, so the keys from n on are seen by
+      // the queries from n on only (none when n >= Lq: their gradients are 0).
+      const int64_t first = causal ? std::min(n, Lq2) : 0, K = Lq2 - first;
+      if (K == 0) {
+        std::fill_n(out, keys * N, at::BFloat16(0));
+        return;
+      }
+      auto* t = transposed.data();
+      transpose(src, Lk, first, Lq, n, n + keys, t, Lq2);
+      if (Lq2 > Lq)  // the zero query that completes the last pair
+        for (int64_t j = n; j < n + keys; ++j) t[j * Lq2 + Lq] = 0;
+      product(keys, N, K, t + n * Lq2 + first, Lq2, b_packed + first * N, N, block.data(), N);
+      round_rows(block.data(), keys, N, out);
+    };
+    for (int64_t h = begin; h < end; ++h) {
+      const auto* p = ps + h * Lq * Lk;
+      const auto* g = gs + h * Lq * Dv;
+      pack_transposed(vs + h * Lk * Dv, Lk, Dv, v_packed.data());
+      pack(ks + h * Lk * D, Lk, D, k_packed.data());
+      for (int64_t m = 0; m < Lq; m += kRows) {
+        const int64_t rows = std::min(kRows, Lq - m), cols = kept(m + rows - 1, Lq, Lk, causal);
+        product(rows, cols, Dv, g + m * Dv, Dv, v_packed.data(), Lk, block.data(), Lk);
+        for (int64_t i = 0; i < rows; ++i)
+          softmax_backward_row(p + (m + i) * Lk, block.data() + i * Lk, kept(m + i, Lq, Lk, causal),
+                               Lk, scale, ds.data() + (m + i) * Lk);
+        product(rows, D, round_up_even(cols), ds.data() + m * Lk, Lk, k_packed.data(), D,
+                block.data(), D);
+        round_rows(block.data(), rows, D, gq + (h * Lq + m) * D);
+      }
+      pack(qs + h * Lq * D, Lq, D, q_packed.data());
+      pack(g, Lq, Dv, g_packed.data());
+      for (int64_t n = 0; n < Lk; n += kRows) {
+        const int64_t keys = std::min(kRows, Lk - n);
+        transposed_product(ds.data(), q_packed.data(), D, n, keys, gk + (h * Lk + n) * D);
+        transposed_product(p, g_packed.data(), Dv, n, keys, gv + (h * Lk + n) * Dv);
+      }
+    }
+    release_brgemm();
   });
 }
 

@@ -13,10 +13,14 @@
 // grad_scores); grad_scores: contiguous, probs' dtype (float: may be grad_probs
 // itself).
 //
-// attention_bf16_forward / _backward: the same from contiguous bf16 (.., L, D)
-// inputs, with the fp32 products (scores = q kᵀ, grad_probs = grad vᵀ) made by
-// oneDNN's brgemm 32 rows at a time and never whole (causal: the kept columns
-// only). They need D even and bf16_brgemm_runs().
+// attention_bf16_forward / _backward: all of the attention from contiguous
+// bf16 q (.., Lq, D), k (.., Lk, D), v (.., Lk, Dv) with the same leading
+// dims: forward, the probabilities and out = probs v; backward, from them and
+// grad (.., Lq, Dv), the three input gradients. Every GEMM is oneDNN's brgemm
+// with fp32 sums, by blocks of 32 rows, never whole (causal: only the blocks
+// the mask keeps). The scores and the probabilities' gradient stay fp32; the
+// probabilities, the scores' gradient and the products are rounded once to
+// bf16. They need D, Dv and Lk even and bf16_brgemm_runs().
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,20 +30,26 @@ namespace mixprec::models::kernels {
 bool bf16_brgemm_runs();
 
 namespace avx2 {
-void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, bool causal, float scale,
-                            const at::Tensor& probs);
-void attention_bf16_backward(const at::Tensor& probs, const at::Tensor& grad, const at::Tensor& v,
-                             bool causal, float scale, const at::Tensor& grad_scores);
+void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            bool causal, float scale, const at::Tensor& probs,
+                            const at::Tensor& out);
+void attention_bf16_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& probs, const at::Tensor& grad, bool causal,
+                             float scale, const at::Tensor& grad_q, const at::Tensor& grad_k,
+                             const at::Tensor& grad_v);
 void attention_softmax_forward(const at::Tensor& scores, int64_t Lq, bool causal, float scale,
                                const at::Tensor& probs);
 void attention_softmax_backward(const at::Tensor& probs, const at::Tensor& grad_probs, int64_t Lq,
                                 bool causal, float scale, const at::Tensor& grad_scores);
 }  // namespace avx2
 namespace avx512 {
-void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, bool causal, float scale,
-                            const at::Tensor& probs);
-void attention_bf16_backward(const at::Tensor& probs, const at::Tensor& grad, const at::Tensor& v,
-                             bool causal, float scale, const at::Tensor& grad_scores);
+void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                            bool causal, float scale, const at::Tensor& probs,
+                            const at::Tensor& out);
+void attention_bf16_backward(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                             const at::Tensor& probs, const at::Tensor& grad, bool causal,
+                             float scale, const at::Tensor& grad_q, const at::Tensor& grad_k,
+                             const at::Tensor& grad_v);
 void attention_softmax_forward(const at::Tensor& scores, int64_t Lq, bool causal, float scale,
                                const at::Tensor& probs);
 void attention_softmax_backward(const at::Tensor& probs, const at::Tensor& grad_probs, int64_t Lq,
