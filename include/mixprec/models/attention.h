@@ -39,20 +39,20 @@ enum class AttentionKernel {
 ///   (4, 12, 1024, 64)         87.7   151.8          148.5  138.4
 ///
 /// On an AMD EPYC (Zen 5: AVX512-BF16, no AMX), flash / flash on fp32 / matmul. bf16 matmul
-/// runs all its GEMMs on brgemm, the causal half skipped; before that (the scores' GEMMs only,
-/// `637186b`): 1.1, 12.1, 53, 200; before brgemm: 1.9, 22.3, 157, 462. A noisier run than
-/// the one before it (fp32 flash then 2.6, 31.0, 107, 235):
+/// runs all its GEMMs on brgemm, the causal half skipped (another run: 0.8, 8.2, 28.5, 118);
+/// before that (the scores' GEMMs only, `637186b`): 1.1, 12.1, 53, 200; before brgemm: 1.9,
+/// 22.3, 157, 462. This machine is noisy (fp32 flash in the run before: 2.6, 31.0, 107, 235):
 ///
 ///   (B, heads, T, head dim)   fp32                bf16                fp16
-///   (8, 4, 128, 32)           3.7 / 3.6 / 2.7     8.4 / 3.5 / 1.0     15.4 / 4.2 / 2.3
-///   (8, 8, 256, 64)           35.0 / 33.4 / 33.7  42.8 / 37.0 / 11.4  210 / 31.1 / 32.5
-///   (8, 8, 512, 64)           111 / 109 / 138     103 / 112 / 45      775 / 115 / 139
-///   (4, 12, 1024, 64)         236 / 230 / 396     187 / 231 / 154     1675 / 229 / 395
+///   (8, 4, 128, 32)           3.2 / 3.1 / 2.1     6.6 / 3.2 / 0.9     13.6 / 3.3 / 2.5
+///   (8, 8, 256, 64)           34.0 / 32.9 / 25.4  35.4 / 33.0 / 8.8   182 / 32.7 / 25.2
+///   (8, 8, 512, 64)           111 / 109 / 137     104 / 116 / 41      774 / 116 / 138
+///   (4, 12, 1024, 64)         223 / 228 / 383     183 / 224 / 113     1631 / 236 / 391
 ///
 /// (fp32 at T = 256 stays on flash: the matmul kernel's 16% in an earlier run did not show in
 /// the large GPT-2 fp32 step, 1.002x in 5 interleaved pairs, and it keeps the (B, heads, T, T)
 /// fp32 probabilities: 16 MB a layer there. bf16 at T = 1024 stays on flash too, though matmul
-/// is faster: its probabilities would be 96 MB a layer.)
+/// is 1.6x faster: its probabilities would be 96 MB a layer.)
 ///
 /// So, with AMX-BF16 (LibTorch's bf16 kernels run on it): fp32 as is, fp16 in fp32, bf16 in
 /// fp32 up to T = 128 and natively above. Without: kMatmul up to T = 128 in every dtype and in

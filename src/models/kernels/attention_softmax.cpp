@@ -36,7 +36,7 @@ int64_t kept(int64_t r, int64_t Lq, int64_t Lk, bool causal) {
 // float, two for 16 bits. (Older LibTorch's AVX2 16-bit loadu leaves the lanes past count
 // undefined, and 0 * inf there would make a row's sum NaN: they are zeroed here.)
 template <typename T>
-auto load(const T* p, int64_t count) {
+C10_ALWAYS_INLINE auto load(const T* p, int64_t count) {
   if constexpr (std::is_same_v<T, float>) {
     return Vec::loadu(p, count);
   } else {
@@ -52,7 +52,7 @@ auto load(const T* p, int64_t count) {
 
 // count (<= one vector of T) fp32 values, as load<T>() gives T's.
 template <typename T>
-auto load_fp32(const float* p, int64_t count) {
+C10_ALWAYS_INLINE auto load_fp32(const float* p, int64_t count) {
   if constexpr (std::is_same_v<T, float>) {
     return Vec::loadu(p, count);
   } else {
@@ -76,7 +76,7 @@ Vec total(const std::tuple<Vec, Vec>& v) { return std::get<0>(v) + std::get<1>(v
 // Stores the first count (<= one vector of T) values of what load() gives, as T, rounded once.
 void store(float* p, Vec v, int64_t count) { v.store(p, count); }
 template <typename T>
-void store(T* p, const std::tuple<Vec, Vec>& v, int64_t count) {
+C10_ALWAYS_INLINE void store(T* p, const std::tuple<Vec, Vec>& v, int64_t count) {
   at::vec::convert_from_float<T>(std::get<0>(v), std::get<1>(v)).store(p, count);
 }
 
@@ -179,8 +179,10 @@ void pack(const at::BFloat16* b, int64_t L, int64_t N, at::BFloat16* out) {
     uint32_t* row = dst + t / 2 * N;
     if (t + 1 < L) {
       const uint16_t* hi = lo + N;
+#pragma omp simd
       for (int64_t n = 0; n < N; ++n) row[n] = lo[n] | uint32_t{hi[n]} << 16;
     } else {
+#pragma omp simd
       for (int64_t n = 0; n < N; ++n) row[n] = lo[n];
     }
   }
@@ -193,15 +195,18 @@ void round_rows(const float* c, int64_t rows, int64_t N, at::BFloat16* out) {
   });
 }
 
-// dst[j, r] = src[r, j] for rows [r0, R) and columns [j0, j1), by 32 x 32 tiles.
+// dst[j, r] = src[r, j] for rows [r0, R) and columns [j0, j1), by 32 x 32 tiles (ATen's
+// vectorized tile transpose in the AVX-512 build, a loop in the AVX2 one; LibTorch has it
+// wherever it has the brgemm, without which these kernels do not run).
 void transpose(const at::BFloat16* src, int64_t ld_src, int64_t r0, int64_t R, int64_t j0,
                int64_t j1, at::BFloat16* dst, int64_t ld_dst) {
+#ifdef CPUBLAS_BRGEMM_BF16BF16F32
   for (int64_t rt = r0; rt < R; rt += 32)
-    for (int64_t jt = j0; jt < j1; jt += 32) {
-      const int64_t re = std::min(rt + 32, R), je = std::min(jt + 32, j1);
-      for (int64_t r = rt; r < re; ++r)
-        for (int64_t j = jt; j < je; ++j) dst[j * ld_dst + r] = src[r * ld_src + j];
-    }
+    for (int64_t jt = j0; jt < j1; jt += 32)
+      at::vec::transpose_mxn<at::BFloat16>(src + rt * ld_src + jt, ld_src, dst + jt * ld_dst + rt,
+                                           ld_dst, std::min<int64_t>(32, R - rt),
+                                           std::min<int64_t>(32, j1 - jt));
+#endif
 }
 
 void release_brgemm() {
