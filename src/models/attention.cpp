@@ -73,10 +73,13 @@ SoftmaxKernel softmax_kernel() {
 }
 
 // Whether bf16 inputs take the brgemm kernels: head dims and keys even, the VNNI-2 layout's
-// pairs.
+// pairs, and the same batch dims (they index the three alike; at::matmul broadcasts, and
+// autograd sums the gradients of broadcast inputs).
 bool bf16_kernels_run(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
   return query.scalar_type() == at::kBFloat16 && query.size(-1) % 2 == 0 &&
          value.size(-1) % 2 == 0 && key.size(-2) % 2 == 0 &&
+         query.sizes().slice(0, query.dim() - 2) == key.sizes().slice(0, key.dim() - 2) &&
+         key.sizes().slice(0, key.dim() - 1) == value.sizes().slice(0, value.dim() - 1) &&
          softmax_kernel().bf16_forward != nullptr && kernels::bf16_brgemm_runs();
 }
 
@@ -160,13 +163,9 @@ struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
   }
 };
 
-bool matmul_supported(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value,
-                      double dropout_p) {
+bool matmul_supported(const at::Tensor& query, const at::Tensor& key, double dropout_p) {
   const auto dtype = query.scalar_type();
-  // Same leading dims: the backward returns gradients of the inputs' shapes, no broadcast.
   return query.is_cpu() && dropout_p == 0.0 && key.size(-2) > 0 &&
-         query.sizes().slice(0, query.dim() - 2) == key.sizes().slice(0, key.dim() - 2) &&
-         key.sizes().slice(0, key.dim() - 1) == value.sizes().slice(0, value.dim() - 1) &&
          softmax_kernel().forward != nullptr &&
          (dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf);
 }
@@ -184,7 +183,7 @@ AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tenso
     if (!sixteen_bit) return AttentionKernel::kFlash;
     return dtype == at::kHalf || T <= 128 ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash;
   }
-  if (matmul_supported(query, key, value, dropout_p) &&
+  if (matmul_supported(query, key, dropout_p) &&
       (T <= 128 ||
        (dtype == at::kBFloat16 && T <= (bf16_kernels_run(query, key, value) ? 512 : 256))))
     return AttentionKernel::kMatmul;
@@ -197,13 +196,11 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
                                         AttentionKernel kernel) {
   if (kernel == AttentionKernel::kAuto)
     kernel = choose_attention_kernel(query, key, value, dropout_p);
-  TORCH_CHECK(kernel != AttentionKernel::kMatmul || matmul_supported(query, key, value, dropout_p),
+  TORCH_CHECK(kernel != AttentionKernel::kMatmul || matmul_supported(query, key, dropout_p),
               "scaled_dot_product_attention: AttentionKernel::kMatmul needs CPU tensors of float, "
-              "bfloat16 or half, dropout_p 0, keys, query, key and value with the same batch "
-              "dims (no broadcast) and an AVX2 or AVX-512 CPU; got ",
+              "bfloat16 or half, dropout_p 0, keys and an AVX2 or AVX-512 CPU; got ",
               query.device(), " ", query.scalar_type(), ", dropout_p ", dropout_p, ", ",
-              key.size(-2), " keys, shapes ", query.sizes(), ", ", key.sizes(), ", ",
-              value.sizes());
+              key.size(-2), " keys");
   switch (kernel) {
     case AttentionKernel::kMatmul:
       return MatmulAttention::apply(query, key, value, is_causal);
