@@ -73,11 +73,12 @@ SoftmaxKernel softmax_kernel() {
 }
 
 // Whether bf16 inputs take the brgemm kernels: head dims and keys even, the VNNI-2 layout's
-// pairs, and the same batch dims (they index the three alike; at::matmul broadcasts, and
-// autograd sums the gradients of broadcast inputs).
+// pairs; query and key of one head dim, nothing empty, and the same batch dims (they index the
+// three alike; at::matmul broadcasts, and autograd sums the gradients of broadcast inputs).
 bool bf16_kernels_run(const at::Tensor& query, const at::Tensor& key, const at::Tensor& value) {
   return query.scalar_type() == at::kBFloat16 && query.size(-1) % 2 == 0 &&
-         value.size(-1) % 2 == 0 && key.size(-2) % 2 == 0 &&
+         value.size(-1) % 2 == 0 && key.size(-2) % 2 == 0 && query.numel() > 0 &&
+         value.size(-1) > 0 && query.size(-1) == key.size(-1) &&
          query.sizes().slice(0, query.dim() - 2) == key.sizes().slice(0, key.dim() - 2) &&
          key.sizes().slice(0, key.dim() - 1) == value.sizes().slice(0, value.dim() - 1) &&
          softmax_kernel().bf16_forward != nullptr && kernels::bf16_brgemm_runs();

@@ -195,18 +195,26 @@ void round_rows(const float* c, int64_t rows, int64_t N, at::BFloat16* out) {
   });
 }
 
-// dst[j, r] = src[r, j] for rows [r0, R) and columns [j0, j1), by 32 x 32 tiles (ATen's
-// vectorized tile transpose in the AVX-512 build, a loop in the AVX2 one; LibTorch has it
-// wherever it has the brgemm, without which these kernels do not run).
+// One tile, M, N <= 32: ATen's vectorized transpose where this LibTorch has one of a runtime
+// size (its AVX-512 build; a loop in its AVX2 one), else a loop.
+template <typename T>
+void transpose_tile(const T* src, int64_t ld_src, T* dst, int64_t ld_dst, int M, int N) {
+  if constexpr (requires { at::vec::transpose_mxn<T>(src, ld_src, dst, ld_dst, M, N); }) {
+    at::vec::transpose_mxn<T>(src, ld_src, dst, ld_dst, M, N);
+  } else {
+    for (int i = 0; i < M; ++i)
+      for (int j = 0; j < N; ++j) dst[j * ld_dst + i] = src[i * ld_src + j];
+  }
+}
+
+// dst[j, r] = src[r, j] for rows [r0, R) and columns [j0, j1), by 32 x 32 tiles.
 void transpose(const at::BFloat16* src, int64_t ld_src, int64_t r0, int64_t R, int64_t j0,
                int64_t j1, at::BFloat16* dst, int64_t ld_dst) {
-#ifdef CPUBLAS_BRGEMM_BF16BF16F32
   for (int64_t rt = r0; rt < R; rt += 32)
     for (int64_t jt = j0; jt < j1; jt += 32)
-      at::vec::transpose_mxn<at::BFloat16>(src + rt * ld_src + jt, ld_src, dst + jt * ld_dst + rt,
-                                           ld_dst, std::min<int64_t>(32, R - rt),
-                                           std::min<int64_t>(32, j1 - jt));
-#endif
+      transpose_tile(src + rt * ld_src + jt, ld_src, dst + jt * ld_dst + rt, ld_dst,
+                     static_cast<int>(std::min<int64_t>(32, R - rt)),
+                     static_cast<int>(std::min<int64_t>(32, j1 - jt)));
 }
 
 void release_brgemm() {

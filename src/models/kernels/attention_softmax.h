@@ -20,7 +20,7 @@
 // with fp32 sums, by blocks of 32 rows, never whole (causal: only the blocks
 // the mask keeps). The scores and the probabilities' gradient stay fp32; the
 // probabilities, the scores' gradient and the products are rounded once to
-// bf16. They need D, Dv and Lk even and bf16_brgemm_runs().
+// bf16. They need D, Dv and Lk even, no empty dim and bf16_brgemm_runs().
 #pragma once
 
 #include <ATen/core/Tensor.h>
