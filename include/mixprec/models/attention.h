@@ -19,8 +19,8 @@ enum class AttentionKernel {
 /// them), rounds the probabilities to bf16 for the GEMMs with them as LibTorch's bf16 kernel
 /// does, and runs fp16 inputs in fp32 throughout. For bf16, where oneDNN's bf16 brgemm runs
 /// without AMX (head dims and keys even, no broadcast batch dims), all six GEMMs are brgemm's
-/// fp32 sums of the
-/// exact products, 32 rows at a time and only the blocks a causal mask keeps (about half).
+/// fp32 sums of the exact products, 32 rows at a time and only the blocks a causal mask keeps
+/// (about half).
 /// Tested against fp64 (attention_test.cpp): for bf16, the output within 1.5x the error of
 /// LibTorch's bf16 kernel (it rounds normalized probabilities where flash rounds exp(s - max),
 /// exactly 1 at the max), the gradients within 2x (its backward reads the probabilities

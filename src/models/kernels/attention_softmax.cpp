@@ -275,6 +275,8 @@ void attention_bf16_backward(const at::Tensor& q, const at::Tensor& k, const at:
   auto* gk = grad_k.data_ptr<at::BFloat16>();
   auto* gv = grad_v.data_ptr<at::BFloat16>();
   at::parallel_for(0, q.numel() / (Lq * D), 1, [&](int64_t begin, int64_t end) {
+    // (For an odd Lq, the transposes' column Lq is never written: it stays 0, and the packs'
+    // last row is 0 too.)
     std::vector<at::BFloat16> v_packed(Lk * Dv), k_packed(Lk * D), q_packed(Lq2 * D),
         g_packed(Lq2 * Dv), ds(Lq * Lk), transposed(Lk * Lq2);
     std::vector<float> block(kRows * std::max({Lk, D, Dv}));
@@ -290,8 +292,6 @@ void attention_bf16_backward(const at::Tensor& q, const at::Tensor& k, const at:
       }
       auto* t = transposed.data();
       transpose(src, Lk, first, Lq, n, n + keys, t, Lq2);
-      if (Lq2 > Lq)  // the zero query that completes the last pair
-        for (int64_t j = n; j < n + keys; ++j) t[j * Lq2 + Lq] = 0;
       product(keys, N, K, t + n * Lq2 + first, Lq2, b_packed + first * N, N, block.data(), N);
       round_rows(block.data(), keys, N, out);
     };
