@@ -36,12 +36,10 @@ std::optional<double> clip_fp32_cpu(const std::vector<at::Tensor>& grads, double
   // A gradient listed twice (a parameter registered twice) counts twice and is scaled twice,
   // as in PyTorch: the foreach path does that; here two threads would scale it at once.
   std::set<const void*> seen;
-  for (const auto& g : grads)
-    if (!seen.insert(g.const_data_ptr()).second) return std::nullopt;
   std::vector<std::span<float>> blocks;
   for (const auto& g : grads) {
     if (!g.device().is_cpu() || g.scalar_type() != at::kFloat || g.layout() != at::kStrided ||
-        !g.is_contiguous())
+        !g.is_contiguous() || !seen.insert(g.const_data_ptr()).second)
       return std::nullopt;
     float* data = g.data_ptr<float>();
     for (int64_t begin = 0; begin < g.numel(); begin += kernels::kGradNormBlock)
