@@ -10,6 +10,7 @@
 #include <functional>
 
 #include "kernels/isa.h"
+#include "models/kernel_builds.h"
 #include "models/kernels/attention_softmax.h"
 #include "test_util.h"
 
@@ -134,13 +135,9 @@ TEST(Attention, SoftmaxKernelsOfEveryBuildMatchFp64) {
       void (*)(const at::Tensor&, const at::Tensor&, int64_t, bool, float, const at::Tensor&);
   std::vector<std::tuple<std::string, Forward, Backward>> builds;
 #ifdef MIXPREC_HAVE_X86_KERNELS
-  const auto isa = mixprec::kernels::cpu_isa();
-  if (isa == mixprec::kernels::Isa::kAvx512)
-    builds.emplace_back("avx512", kernels::avx512::attention_softmax_forward,
-                        kernels::avx512::attention_softmax_backward);
-  if (isa != mixprec::kernels::Isa::kNone)
-    builds.emplace_back("avx2", kernels::avx2::attention_softmax_forward,
-                        kernels::avx2::attention_softmax_backward);
+  builds = mixprec::testing::kernel_builds<Forward, Backward>(
+      {kernels::avx512::attention_softmax_forward, kernels::avx512::attention_softmax_backward},
+      {kernels::avx2::attention_softmax_forward, kernels::avx2::attention_softmax_backward});
 #endif
   if (builds.empty()) GTEST_SKIP() << "no AVX2/AVX-512 kernels on this CPU";
   torch::manual_seed(3);
@@ -194,13 +191,9 @@ TEST(Attention, Bf16BrgemmKernelsOfEveryBuildMatchFp64) {
                             const at::Tensor&, const at::Tensor&);
   std::vector<std::tuple<std::string, Forward, Backward>> builds;
 #ifdef MIXPREC_HAVE_X86_KERNELS
-  const auto isa = mixprec::kernels::cpu_isa();
-  if (isa == mixprec::kernels::Isa::kAvx512)
-    builds.emplace_back("avx512", kernels::avx512::attention_bf16_forward,
-                        kernels::avx512::attention_bf16_backward);
-  if (isa != mixprec::kernels::Isa::kNone)
-    builds.emplace_back("avx2", kernels::avx2::attention_bf16_forward,
-                        kernels::avx2::attention_bf16_backward);
+  builds = mixprec::testing::kernel_builds<Forward, Backward>(
+      {kernels::avx512::attention_bf16_forward, kernels::avx512::attention_bf16_backward},
+      {kernels::avx2::attention_bf16_forward, kernels::avx2::attention_bf16_backward});
 #endif
   if (builds.empty() || !kernels::bf16_brgemm_runs())
     GTEST_SKIP() << "no AVX2/AVX-512 kernels or no bf16 brgemm on this CPU";

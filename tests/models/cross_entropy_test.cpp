@@ -1,6 +1,5 @@
 #include "mixprec/models/cross_entropy.h"
 
-#include <ATen/Version.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -8,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "models/kernel_builds.h"
 #include "models/kernels/cross_entropy.h"
 #include "test_util.h"
 
@@ -71,13 +71,9 @@ TEST(CrossEntropy, EveryKernelMatchesFp64) {
                             const at::Tensor&);
   std::vector<std::tuple<std::string, Forward, Backward>> runnable;
 #ifdef MIXPREC_HAVE_X86_KERNELS
-  const std::string capability = at::get_cpu_capability();
-  if (capability == "AVX512")
-    runnable.emplace_back("avx512", kernels::avx512::cross_entropy_forward,
-                          kernels::avx512::cross_entropy_backward);
-  if (capability == "AVX512" || capability == "AVX2")
-    runnable.emplace_back("avx2", kernels::avx2::cross_entropy_forward,
-                          kernels::avx2::cross_entropy_backward);
+  runnable = mixprec::testing::kernel_builds<Forward, Backward>(
+      {kernels::avx512::cross_entropy_forward, kernels::avx512::cross_entropy_backward},
+      {kernels::avx2::cross_entropy_forward, kernels::avx2::cross_entropy_backward});
 #endif
   if (runnable.empty()) GTEST_SKIP() << "no kernel of mixprec's for this CPU: LibTorch's runs";
   torch::manual_seed(0);

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "models/kernel_builds.h"
 #include "models/kernels/gelu_tanh.h"
 
 namespace {
@@ -52,13 +53,9 @@ TEST(GeluTanh, EveryKernelMatchesFp64WithinOneRounding) {
   using Backward = void (*)(const at::Tensor&, const at::Tensor&, const at::Tensor&);
   std::vector<std::tuple<std::string, Forward, Backward>> runnable;
 #ifdef MIXPREC_HAVE_X86_KERNELS
-  const std::string capability = at::get_cpu_capability();
-  if (capability == "AVX512")
-    runnable.emplace_back("avx512", kernels::avx512::gelu_tanh_forward,
-                          kernels::avx512::gelu_tanh_backward);
-  if (capability == "AVX512" || capability == "AVX2")
-    runnable.emplace_back("avx2", kernels::avx2::gelu_tanh_forward,
-                          kernels::avx2::gelu_tanh_backward);
+  runnable = mixprec::testing::kernel_builds<Forward, Backward>(
+      {kernels::avx512::gelu_tanh_forward, kernels::avx512::gelu_tanh_backward},
+      {kernels::avx2::gelu_tanh_forward, kernels::avx2::gelu_tanh_backward});
 #endif
   if (runnable.empty()) GTEST_SKIP() << "no kernel of mixprec's for this CPU: LibTorch's runs";
   torch::manual_seed(0);

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mixprec/amp/autocast.h"
+#include "models/kernel_builds.h"
 #include "models/kernels/layer_norm.h"
 #include "test_util.h"
 #include "tiny_gpt2.h"
@@ -97,13 +98,9 @@ TEST(LayerNorm, EveryKernelMatchesFp64) {
   std::vector<std::tuple<std::string, Forward, Backward>> runnable;
 #ifdef MIXPREC_HAVE_X86_KERNELS
   namespace kernels = mixprec::models::kernels;
-  const std::string capability = at::get_cpu_capability();
-  if (capability == "AVX512")
-    runnable.emplace_back("avx512", kernels::avx512::layer_norm_forward,
-                          kernels::avx512::layer_norm_backward);
-  if (capability == "AVX512" || capability == "AVX2")
-    runnable.emplace_back("avx2", kernels::avx2::layer_norm_forward,
-                          kernels::avx2::layer_norm_backward);
+  runnable = mixprec::testing::kernel_builds<Forward, Backward>(
+      {kernels::avx512::layer_norm_forward, kernels::avx512::layer_norm_backward},
+      {kernels::avx2::layer_norm_forward, kernels::avx2::layer_norm_backward});
 #endif
   if (runnable.empty()) GTEST_SKIP() << "no kernel of mixprec's for this CPU: LibTorch's runs";
   torch::manual_seed(0);
