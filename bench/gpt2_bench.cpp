@@ -109,7 +109,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tokens/s of the level-1 loop on GPT-2 in one configuration"};
   std::string size = "small", precision = "fp32", fast_path = "auto", level = "loop";
   int steps = 20, warmup = 2, threads = 2;
-  bool profile = false, memory = false;
+  bool profile = false, memory = false, checkpointing = false;
   app.add_option("--size", size, "small: 2 x 128, T 128; large: 6 x 512, T 256 (B 8, V 4096)")
       ->check(CLI::IsMember({"small", "large"}));
   app.add_option("--precision", precision,
@@ -133,6 +133,8 @@ int main(int argc, char** argv) {
   app.add_flag("--memory", memory,
                "after the warm-up, print the peak of one step's tensors and the tensors held "
                "between steps (LibTorch's profiler), and peak RSS");
+  app.add_flag("--activation-checkpointing", checkpointing,
+               "recompute each block's activations in the backward (HF's gradient_checkpointing)");
   CLI11_PARSE(app, argc, argv);
   // The first steps page-fault in the memory glibc then keeps for reuse: with 2 warm-up steps, the
   // profiled step's large bf16 cross-entropy backward took 24 ms writing its fresh 16 MB gradient,
@@ -161,6 +163,7 @@ int main(int argc, char** argv) {
   const int64_t batch = 8, seq = config.n_positions;
   torch::manual_seed(0);
   mixprec::models::GPT2LMHeadModel model(config);
+  if (checkpointing) model->activation_checkpointing_enable();
   const auto data = torch::randint(config.vocab_size, {4, batch, seq});  // (batches, B, T)
   if (pure) model->to(torch::kBFloat16);
   // Stochastic rounding has no fused kernel.
@@ -230,10 +233,11 @@ int main(int argc, char** argv) {
   const double activations = level == "loop" ? activation_mb([&] { return forward(0); }) : 0.0;
   std::printf(
       "{\"impl\": \"mixprec\", \"level\": \"%s\", \"size\": \"%s\", \"precision\": \"%s\", "
-      "\"fast_path\": \"%s\", "
+      "\"fast_path\": \"%s\", \"activation_checkpointing\": %s, "
       "\"fast_path_active\": %s, \"fast_path_calls\": %lld, \"tokens_per_s\": %.1f, "
       "\"final_loss\": %.6f, \"peak_rss_mb\": %.1f, \"activation_mb\": %.1f}\n",
       level.c_str(), size.c_str(), precision.c_str(), fast_path.c_str(),
+      checkpointing ? "true" : "false",
       mixprec::amp::fp16_cpu_fast_path_active() ? "true" : "false",
       static_cast<long long>(mixprec::amp::fp16_cpu_fast_path_calls() - calls_before),
       static_cast<double>(steps * batch * seq) / seconds, final_loss, usage.ru_maxrss / 1024.0,

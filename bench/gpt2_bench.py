@@ -33,6 +33,8 @@ def main():
     p.add_argument("--steps", type=int, default=20)
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="transformers' activation_checkpointing_enable() (torch.utils.checkpoint per block)")
     a = p.parse_args()
     if a.precision == "bf16-pure" and a.level != "loop":
         p.error("--precision bf16-pure runs at --level loop only")
@@ -46,6 +48,8 @@ def main():
     torch.manual_seed(0)
     model = GPT2LMHeadModel(config)
     model.train()
+    if a.activation_checkpointing:
+        model.activation_checkpointing_enable()
     if a.precision == "bf16-pure":
         model.to(torch.bfloat16)
     data = torch.randint(config.vocab_size, (4, batch, seq))
@@ -92,6 +96,7 @@ def main():
         final_loss, seconds = time_steps(step, a.warmup, a.steps)
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the extra forward
     print(json.dumps({"impl": "pytorch", "level": a.level, "size": a.size, "precision": a.precision,
+                      "activation_checkpointing": a.activation_checkpointing,
                       "tokens_per_s": round(a.steps * batch * seq / seconds, 1),
                       "final_loss": round(final_loss, 6), "peak_rss_mb": round(peak_rss_mb, 1),
                       "activation_mb": round(activation_mb(lambda: forward(0)), 1) if a.level == "loop" else 0}))

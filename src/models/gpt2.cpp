@@ -269,8 +269,23 @@ torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids) {
               " is outside [1, n_positions = ", n_positions_, "]");
   auto pos = torch::arange(T, input_ids.options());  // (T)
   auto x = drop(wte(input_ids) + wpe(pos));          // (B, T, C)
-  for (const auto& block : *h) x = block->as<GPT2Block>()->forward(x);
+  const bool checkpointing =
+      checkpoint_every_n_layers_ > 0 && is_training() && torch::GradMode::is_enabled();
+  for (int64_t i = 0; i < static_cast<int64_t>(h->size()); ++i) {
+    auto block = h->ptr<GPT2BlockImpl>(i);
+    if (checkpointing && i % checkpoint_every_n_layers_ == 0)
+      x = activation_checkpoint([block](const torch::Tensor& t) { return block->forward(t); }, x,
+                                block->parameters());
+    else
+      x = block->forward(x);
+  }
   return ln_f(x);
+}
+
+void GPT2ModelImpl::activation_checkpointing_enable(int64_t every_n_layers) {
+  TORCH_CHECK(every_n_layers >= 1, "GPT-2: activation_checkpointing_enable: every_n_layers is ",
+              every_n_layers, ", expected >= 1");
+  checkpoint_every_n_layers_ = every_n_layers;
 }
 
 GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config) : config_(std::move(config)) {

@@ -2,6 +2,7 @@
 
 #include "mixprec/io/checkpoint.h"
 #include "mixprec/log/progress.h"
+#include "mixprec/models/activation_checkpoint.h"
 #include "mixprec/optim/adamw.h"
 
 #include <ATen/ATen.h>
@@ -157,6 +158,13 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
     : impl_(std::make_unique<Impl>()), args_(std::move(args)) {
   args_.validate();
   TORCH_CHECK(module, "Trainer: no model");
+  if (args_.activation_checkpointing) {
+    auto* model = dynamic_cast<models::SupportsActivationCheckpointing*>(module.get());
+    TORCH_CHECK(model, "Trainer: activation_checkpointing is true, but ", module->name(),
+                " does not support activation checkpointing (models::"
+                "SupportsActivationCheckpointing)");
+    model->activation_checkpointing_enable();
+  }
   impl_->module = std::move(module);
   impl_->forward = std::move(forward);
   impl_->train_dataset = std::move(train_dataset);

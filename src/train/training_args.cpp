@@ -27,6 +27,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("per_device_train_batch_size", a.per_device_train_batch_size),
       argument("per_device_eval_batch_size", a.per_device_eval_batch_size),
       argument("gradient_accumulation_steps", a.gradient_accumulation_steps),
+      argument("activation_checkpointing", a.activation_checkpointing, {"gradient_checkpointing"}),
       argument("learning_rate", a.learning_rate),
       argument("weight_decay", a.weight_decay),
       argument("adam_beta1", a.adam_beta1),

@@ -3,6 +3,9 @@
 #include "mixprec/data/synthetic.h"
 #include "mixprec/io/checkpoint.h"
 #include "mixprec/io/safetensors.h"
+#include "mixprec/models/gpt2.h"
+
+#include "models/tiny_gpt2.h"
 
 #include "test_util.h"
 
@@ -450,6 +453,42 @@ TEST_F(TrainerTest, ClearErrors) {
   Trainer again(model, a, train_);
   EXPECT_NE(mixprec::testing::error_of([&] { again.train(); }).find("already holds checkpoints"),
             std::string::npos);
+}
+
+// TrainingArguments::activation_checkpointing (HF's gradient_checkpointing): the same losses on
+// GPT-2 with dropout, in bf16; a model without the capability is an error naming it.
+TEST_F(TrainerTest, ActivationCheckpointingTrainsTheSame) {
+  torch::manual_seed(0);
+  const auto ids = torch::randint(256, {16, 32});
+  auto tokens = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"input_ids", ids}, {"labels", ids}});
+  const auto train = [&](bool checkpointing) {
+    auto config = models_test::tiny_gpt2_config();
+    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.1;
+    torch::manual_seed(0);
+    mixprec::models::GPT2LMHeadModel model(config);
+    auto a = args(checkpointing ? "checkpointed" : "plain");
+    a.eval_strategy = "no";
+    a.save_strategy = "no";
+    a.bf16 = true;
+    a.activation_checkpointing = checkpointing;
+    a.per_device_train_batch_size = 4;
+    a.max_steps = 6;
+    Trainer trainer(model, a, tokens);
+    EXPECT_EQ(model->is_activation_checkpointing(), checkpointing);
+    return trainer.train().training_loss;
+  };
+  const double plain = train(false);
+  EXPECT_NEAR(train(true), plain, 1e-5 * plain);
+
+  auto a = args("classifier");
+  a.activation_checkpointing = true;
+  EXPECT_NE(mixprec::testing::error_of([&] {
+              Trainer(Classifier(), a, train_, eval_);
+            }).find("does not support activation checkpointing"),
+            std::string::npos);
+  EXPECT_TRUE(
+      TrainingArguments::from_json(R"({"gradient_checkpointing": true})").activation_checkpointing);
 }
 
 }  // namespace

@@ -1,5 +1,6 @@
 #pragma once
 
+#include "mixprec/models/activation_checkpoint.h"
 #include "mixprec/models/model_output.h"
 
 #include <torch/nn.h>
@@ -83,10 +84,14 @@ class GPT2BlockImpl : public torch::nn::Module {
 TORCH_MODULE(GPT2Block);
 
 /// The transformer body (HF's `GPT2Model`): embeddings, blocks, final LayerNorm.
-class GPT2ModelImpl : public torch::nn::Module {
+class GPT2ModelImpl : public torch::nn::Module, public SupportsActivationCheckpointing {
  public:
   explicit GPT2ModelImpl(const GPT2Config& config);
   torch::Tensor forward(const torch::Tensor& input_ids);  // (B, T) int64 -> (B, T, C)
+  /// Blocks 0, n, 2n, ... run under `activation_checkpoint` in training mode with grad mode on.
+  void activation_checkpointing_enable(int64_t every_n_layers = 1) override;
+  void activation_checkpointing_disable() override { checkpoint_every_n_layers_ = 0; }
+  bool is_activation_checkpointing() const override { return checkpoint_every_n_layers_ > 0; }
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};
@@ -94,6 +99,7 @@ class GPT2ModelImpl : public torch::nn::Module {
 
  private:
   int64_t n_positions_;
+  int64_t checkpoint_every_n_layers_ = 0;  // 0: off
 };
 TORCH_MODULE(GPT2Model);
 
@@ -115,7 +121,7 @@ struct GenerateOptions {
 /// auto out = model->forward(input_ids, /*labels=*/input_ids);   // out.loss, out.logits (B, T, V)
 /// auto ids = model->generate(input_ids, 20);                     // greedy, (B, T + 20)
 /// ```
-class GPT2LMHeadModelImpl : public torch::nn::Module {
+class GPT2LMHeadModelImpl : public torch::nn::Module, public SupportsActivationCheckpointing {
  public:
   /// Random initialisation as in HF (normal(0, 0.02), c_proj scaled by 1/sqrt(2 n_layer)).
   explicit GPT2LMHeadModelImpl(GPT2Config config);
@@ -128,6 +134,17 @@ class GPT2LMHeadModelImpl : public torch::nn::Module {
   /// gradients. Dropout follows the module's mode, as in HF: call eval() first.
   torch::Tensor generate(const torch::Tensor& input_ids, int64_t max_new_tokens,
                          const GenerateOptions& options = {});
+
+  /// Activation checkpointing of the blocks (GPT2ModelImpl's), as HF's GPT-2.
+  void activation_checkpointing_enable(int64_t every_n_layers = 1) override {
+    transformer->activation_checkpointing_enable(every_n_layers);
+  }
+  void activation_checkpointing_disable() override {
+    transformer->activation_checkpointing_disable();
+  }
+  bool is_activation_checkpointing() const override {
+    return transformer->is_activation_checkpointing();
+  }
 
   /// Writes `config.json` and `model.safetensors` (HF's names, lm_head omitted as it is tied).
   void save_pretrained(const std::filesystem::path& dir) const;

@@ -36,6 +36,10 @@ struct TrainingArguments {
   int64_t per_device_train_batch_size = 8;
   int64_t per_device_eval_batch_size = 8;
   int64_t gradient_accumulation_steps = 1;
+  /// Recompute each layer's activations in the backward instead of keeping them (the model's
+  /// `activation_checkpointing_enable()`; models::SupportsActivationCheckpointing). Also read
+  /// as `gradient_checkpointing`, its older name in transformers.
+  bool activation_checkpointing = false;
   double learning_rate = 5e-5;
   double weight_decay = 0.0;
   double adam_beta1 = 0.9;

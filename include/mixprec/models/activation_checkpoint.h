@@ -1,0 +1,47 @@
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <functional>
+
+namespace mixprec::models {
+
+/// `torch.utils.checkpoint.checkpoint` for a function of one tensor: runs `function(input)`
+/// without keeping its activations for the backward, and runs it again in the backward to get
+/// its gradients. A transformer block then keeps only its input: one more forward buys back
+/// the memory of its saved tensors (and, under autocast, of its 16-bit weight copies).
+///
+/// As in PyTorch, the recompute runs under the forward's autocast state (a bf16 forward is
+/// recomputed in bf16) and, with `preserve_rng_state`, from the forward's CPU RNG state and
+/// the input's device's (dropout drops the same values), so the gradients are those of the
+/// plain call.
+///
+/// `parameters` are the tensors that `function` uses besides `input` and that need gradients
+/// (a module's `parameters()`). Their gradients flow through the returned tensor's graph, as
+/// any op's inputs do, so gradient accumulation, hooks and clipping see them as usual. (Unlike
+/// PyTorch's reentrant variant, the output needs gradients when the parameters do, even if
+/// the input does not.)
+///
+/// ```
+/// x = activation_checkpoint([&](const at::Tensor& h) { return block->forward(h); }, x,
+///                           block->parameters());
+/// ```
+at::Tensor activation_checkpoint(std::function<at::Tensor(const at::Tensor&)> function,
+                                 const at::Tensor& input, at::TensorList parameters,
+                                 bool preserve_rng_state = true);
+
+/// A model that can checkpoint its layers (HF's `supports_gradient_checkpointing`). The Trainer
+/// calls it for `TrainingArguments::activation_checkpointing`.
+class SupportsActivationCheckpointing {
+ public:
+  virtual ~SupportsActivationCheckpointing() = default;
+  /// HF's `activation_checkpointing_enable`: in training mode, checkpoint every
+  /// `every_n_layers`-th layer (layers 0, n, 2n, ...); the others keep their activations.
+  virtual void activation_checkpointing_enable(int64_t every_n_layers = 1) = 0;
+  virtual void activation_checkpointing_disable() = 0;
+  /// HF's `is_gradient_checkpointing`.
+  virtual bool is_activation_checkpointing() const = 0;
+};
+
+}  // namespace mixprec::models

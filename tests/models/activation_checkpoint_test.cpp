@@ -1,0 +1,180 @@
+// Activation checkpointing gives the gradients of the plain call (dropout and autocast
+// included) and keeps less memory between the forward and the backward.
+#include "mixprec/models/activation_checkpoint.h"
+
+#include "mixprec/amp/autocast.h"
+#include "mixprec/models/gpt2.h"
+#include "models/tiny_gpt2.h"
+#include "test_util.h"
+
+#include <ATen/autocast_mode.h>
+#include <gtest/gtest.h>
+#include <torch/csrc/autograd/profiler_kineto.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <optional>
+#include <string>
+
+namespace {
+
+using mixprec::models::activation_checkpoint;
+using mixprec::models::GPT2LMHeadModel;
+
+// Loss and gradients of one forward and backward of `model` on `ids`.
+struct Grads {
+  double loss = 0;
+  std::map<std::string, torch::Tensor> grads;
+};
+
+Grads loss_and_grads(GPT2LMHeadModel& model, const torch::Tensor& ids,
+                     std::optional<c10::ScalarType> autocast_dtype, uint64_t seed = 0) {
+  model->zero_grad();
+  torch::manual_seed(seed);
+  torch::Tensor loss;
+  {
+    mixprec::amp::Autocast autocast(torch::kCPU, autocast_dtype.value_or(torch::kBFloat16),
+                                    /*enabled=*/autocast_dtype.has_value());
+    loss = model->forward(ids, ids).loss;
+  }
+  loss.backward();
+  Grads g{loss.item<double>(), {}};
+  for (const auto& p : model->named_parameters()) g.grads[p.key()] = p.value().grad().clone();
+  return g;
+}
+
+void expect_same_grads(const Grads& expected, const Grads& got, double rtol, double atol) {
+  EXPECT_NEAR(got.loss, expected.loss, 1e-6 * std::abs(expected.loss));
+  ASSERT_EQ(got.grads.size(), expected.grads.size());
+  for (const auto& [name, g] : expected.grads) {
+    ASSERT_TRUE(got.grads.at(name).defined()) << name;
+    EXPECT_TRUE(torch::allclose(got.grads.at(name), g, rtol, atol))
+        << name << ": max difference " << (got.grads.at(name) - g).abs().max().item<double>();
+  }
+}
+
+GPT2LMHeadModel tiny_gpt2(int64_t n_layer, double dropout) {
+  auto config = models_test::tiny_gpt2_config();
+  config.n_layer = n_layer;
+  config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = dropout;
+  torch::manual_seed(0);
+  return GPT2LMHeadModel(config);
+}
+
+TEST(ActivationCheckpoint, Fp32GradientsEqualThePlainModels) {
+  auto model = tiny_gpt2(/*n_layer=*/3, /*dropout=*/0.0);
+  const auto ids = torch::randint(256, {2, 32});
+  const auto plain = loss_and_grads(model, ids, std::nullopt);
+  for (int64_t every : {1, 2}) {
+    model->activation_checkpointing_enable(every);
+    EXPECT_TRUE(model->is_activation_checkpointing());
+    expect_same_grads(plain, loss_and_grads(model, ids, std::nullopt), 1e-5, 1e-7);
+  }
+  model->activation_checkpointing_disable();
+  EXPECT_FALSE(model->is_activation_checkpointing());
+}
+
+// The recompute draws the forward's dropout masks: without the preserved RNG state it would
+// drop other values and the gradients would not be those of the loss.
+TEST(ActivationCheckpoint, DropoutDropsTheSameValuesInTheRecompute) {
+  auto model = tiny_gpt2(/*n_layer=*/2, /*dropout=*/0.2);
+  model->train();
+  const auto ids = torch::randint(256, {2, 32});
+  const auto plain = loss_and_grads(model, ids, std::nullopt, /*seed=*/7);
+  model->activation_checkpointing_enable();
+  expect_same_grads(plain, loss_and_grads(model, ids, std::nullopt, /*seed=*/7), 1e-5, 1e-7);
+
+  // The same without the preserved state: the recompute's masks differ.
+  torch::manual_seed(0);
+  const auto x = torch::randn({64, 16}, torch::requires_grad());
+  const auto w = torch::randn({16, 16}, torch::requires_grad());
+  const auto f = [&](const torch::Tensor& t) {
+    return torch::dropout(t.matmul(w), 0.5, /*train=*/true);
+  };
+  const auto grad_of = [&](bool checkpointed, bool preserve) {
+    w.mutable_grad() = torch::Tensor();
+    torch::manual_seed(3);
+    auto y = checkpointed ? activation_checkpoint(f, x, {w}, preserve) : f(x);
+    y.pow(2).sum().backward();
+    return w.grad().clone();
+  };
+  const auto expected = grad_of(false, true);
+  EXPECT_TRUE(torch::allclose(grad_of(true, true), expected, 1e-5, 1e-6));
+  EXPECT_FALSE(torch::allclose(grad_of(true, false), expected, 1e-5, 1e-6));
+}
+
+// Under bf16 autocast the recompute runs in bf16 too (the plain model's gradients) and leaves
+// the caller's autocast state as it was.
+TEST(ActivationCheckpoint, RecomputesUnderTheForwardsAutocast) {
+  auto model = tiny_gpt2(/*n_layer=*/2, /*dropout=*/0.0);
+  const auto ids = torch::randint(256, {2, 32});
+  // fp32 gradients differ from bf16's by bf16 roundings: had the recompute run in fp32, the
+  // checkpointed gradients would be these.
+  const auto fp32 = loss_and_grads(model, ids, std::nullopt);
+  const auto plain = loss_and_grads(model, ids, torch::kBFloat16);
+  model->activation_checkpointing_enable();
+  const auto checkpointed = loss_and_grads(model, ids, torch::kBFloat16);
+  expect_same_grads(plain, checkpointed, 1e-5, 1e-7);
+  const auto& w = "transformer.h.0.mlp.c_fc.weight";
+  EXPECT_FALSE(torch::allclose(fp32.grads.at(w), checkpointed.grads.at(w), 1e-5, 1e-7));
+  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+
+  // A backward inside an autocast region leaves its state as it was.
+  mixprec::amp::Autocast autocast(torch::kCPU, torch::kBFloat16);
+  model->forward(ids, ids).loss.backward();
+  EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCPU));
+  EXPECT_EQ(at::autocast::get_autocast_dtype(at::kCPU), torch::kBFloat16);
+}
+
+// The tensors one forward leaves for the backward (profiler memory events, net bytes).
+int64_t activation_bytes(GPT2LMHeadModel& model, const torch::Tensor& ids) {
+  namespace prof = torch::autograd::profiler;
+  const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
+                                    /*report_input_shapes=*/false, /*profile_memory=*/true);
+  prof::prepareProfiler(config, {prof::ActivityType::CPU});
+  prof::enableProfiler(config, {prof::ActivityType::CPU});
+  torch::Tensor loss;
+  {
+    mixprec::amp::Autocast autocast(torch::kCPU, torch::kBFloat16);
+    loss = model->forward(ids, ids).loss;
+  }
+  const auto result = prof::disableProfiler();
+  int64_t bytes = 0;
+  for (const auto& e : result->events())
+    if (e.name() == "[memory]") bytes += e.nBytes();
+  return bytes;
+}
+
+TEST(ActivationCheckpoint, KeepsOnlyTheBlocksInputs) {
+  auto model = tiny_gpt2(/*n_layer=*/4, /*dropout=*/0.0);
+  const auto ids = torch::randint(256, {4, 64});
+  const auto plain = activation_bytes(model, ids);
+  model->activation_checkpointing_enable();
+  const auto checkpointed = activation_bytes(model, ids);
+  // Per block, the plain forward keeps ~20 (B, T, C) tensors and the bf16 weights; the
+  // checkpointed one its fp32 input. The logits and the loss's tensors are kept by both.
+  const int64_t input_bytes = 4 * 64 * 64 * 4, logits_bytes = 4 * 64 * 256 * 4;
+  EXPECT_LT(checkpointed, plain / 2) << plain << " vs " << checkpointed << " bytes";
+  EXPECT_LT(checkpointed, 4 * input_bytes + 4 * logits_bytes);
+  // Not checkpointed in eval mode or without grad mode.
+  model->eval();
+  EXPECT_EQ(activation_bytes(model, ids), plain);
+}
+
+TEST(ActivationCheckpoint, BadInputsAreClearErrors) {
+  auto model = tiny_gpt2(/*n_layer=*/1, /*dropout=*/0.0);
+  using mixprec::testing::error_of;
+  EXPECT_NE(error_of([&] {
+              model->activation_checkpointing_enable(0);
+            }).find("every_n_layers is 0, expected >= 1"),
+            std::string::npos);
+  EXPECT_NE(
+      error_of([] { activation_checkpoint({}, torch::ones({1}), {}); }).find("no function given"),
+      std::string::npos);
+  EXPECT_NE(error_of([] {
+              activation_checkpoint([](const torch::Tensor& t) { return t; }, torch::Tensor(), {});
+            }).find("the input is an undefined tensor"),
+            std::string::npos);
+}
+
+}  // namespace
