@@ -11,6 +11,7 @@
 
 #include <mutex>
 #include <optional>
+#include <unordered_set>
 #include <utility>
 #include <vector>
 
@@ -82,6 +83,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
 
   // Gradients for (recompute, input, parameters...): the first is not a tensor.
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    // The inner grad() below makes no graph of the gradients (as PyTorch's reentrant variant).
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "activation_checkpoint: no double backward (create_graph=true) through a "
+                "checkpointed function");
     auto recompute =
         c10::static_intrusive_pointer_cast<Recompute>(ctx->saved_data.at("recompute").toCapsule());
     // The graph's edges, as the saved tensors: the input, then the parameters.
@@ -115,7 +120,10 @@ struct CheckpointFunction : torch::autograd::Function<CheckpointFunction> {
       wrt.push_back(saved[i]);
       slot.push_back(1 + i);
     }
-    if (wrt.empty() || !output.requires_grad()) return grads;
+    if (wrt.empty()) return grads;
+    TORCH_CHECK(output.requires_grad(),
+                "activation_checkpoint: the recomputed output does not require grad: the "
+                "function used neither the input nor the parameters it was given");
     auto g = torch::autograd::grad({output}, wrt, {grad_outputs[0]}, /*retain_graph=*/false,
                                    /*create_graph=*/false, /*allow_unused=*/true);
     for (size_t i = 0; i < g.size(); ++i) grads[slot[i]] = std::move(g[i]);
@@ -143,7 +151,13 @@ at::Tensor activation_checkpoint(std::function<at::Tensor(const at::Tensor&)> fu
       recompute->rng_states.emplace_back(device, state_of(device));
     }
   }
-  return CheckpointFunction::apply(std::move(recompute), input, parameters);
+  // LibTorch's Module::parameters() keeps duplicates (tied weights): each must be an input once,
+  // or its gradient would be accumulated once per copy.
+  std::vector<at::Tensor> unique;
+  std::unordered_set<const c10::TensorImpl*> seen;
+  for (const auto& p : parameters)
+    if (p.defined() && seen.insert(p.unsafeGetTensorImpl()).second) unique.push_back(p);
+  return CheckpointFunction::apply(std::move(recompute), input, at::TensorList(unique));
 }
 
 }  // namespace mixprec::models

@@ -156,9 +156,31 @@ TEST(ActivationCheckpoint, KeepsOnlyTheBlocksInputs) {
   const int64_t input_bytes = 4 * 64 * 64 * 4, logits_bytes = 4 * 64 * 256 * 4;
   EXPECT_LT(checkpointed, plain / 2) << plain << " vs " << checkpointed << " bytes";
   EXPECT_LT(checkpointed, 4 * input_bytes + 4 * logits_bytes);
-  // Not checkpointed in eval mode or without grad mode.
+  // Not checkpointed in eval mode.
   model->eval();
   EXPECT_EQ(activation_bytes(model, ids), plain);
+}
+
+// A function of parameters only (an input without grad), a parameter listed twice (tied
+// weights): each gets its gradient once, the plain call's.
+TEST(ActivationCheckpoint, ParametersGetTheirGradientsOnce) {
+  torch::manual_seed(0);
+  const auto x = torch::randn({8, 16});  // needs no gradient
+  const auto w = torch::randn({16, 16}, torch::requires_grad());
+  const auto b = torch::randn({16}, torch::requires_grad());
+  const auto f = [&](const torch::Tensor& t) { return torch::tanh(t.matmul(w) + b).matmul(w); };
+  const auto grads_of = [&](bool checkpointed) {
+    w.mutable_grad() = torch::Tensor();
+    b.mutable_grad() = torch::Tensor();
+    auto y = checkpointed ? activation_checkpoint(f, x, {w, b, w}) : f(x);
+    EXPECT_TRUE(y.requires_grad());
+    y.pow(2).sum().backward();
+    return std::pair{w.grad().clone(), b.grad().clone()};
+  };
+  const auto [plain_w, plain_b] = grads_of(false);
+  const auto [w_grad, b_grad] = grads_of(true);
+  EXPECT_TRUE(torch::allclose(w_grad, plain_w, 1e-5, 1e-6));
+  EXPECT_TRUE(torch::allclose(b_grad, plain_b, 1e-5, 1e-6));
 }
 
 TEST(ActivationCheckpoint, BadInputsAreClearErrors) {
@@ -174,6 +196,17 @@ TEST(ActivationCheckpoint, BadInputsAreClearErrors) {
   EXPECT_NE(error_of([] {
               activation_checkpoint([](const torch::Tensor& t) { return t; }, torch::Tensor(), {});
             }).find("the input is an undefined tensor"),
+            std::string::npos);
+  const auto x = torch::randn({4}, torch::requires_grad());
+  const auto y = activation_checkpoint([](const torch::Tensor& t) { return t.pow(3); }, x, {});
+  EXPECT_NE(error_of([&] {
+              torch::autograd::grad({y.sum()}, {x}, {}, true, /*create_graph=*/true);
+            }).find("no double backward"),
+            std::string::npos);
+  // A function that uses neither its input nor its parameters.
+  const auto unused = activation_checkpoint(
+      [](const torch::Tensor& t) { return torch::ones_like(t.detach()); }, x, {});
+  EXPECT_NE(error_of([&] { unused.sum().backward(); }).find("does not require grad"),
             std::string::npos);
 }
 

@@ -18,10 +18,15 @@ namespace mixprec::models {
 /// plain call.
 ///
 /// `parameters` are the tensors that `function` uses besides `input` and that need gradients
-/// (a module's `parameters()`). Their gradients flow through the returned tensor's graph, as
-/// any op's inputs do, so gradient accumulation, hooks and clipping see them as usual. (Unlike
-/// PyTorch's reentrant variant, the output needs gradients when the parameters do, even if
-/// the input does not.)
+/// (a module's `parameters()`; duplicates count once). A tensor the function uses but that is
+/// not listed gets no gradient. The gradients flow through the returned tensor's graph, as any
+/// op's inputs do, so accumulation into `.grad`, hooks that run after it (c10d's reducer) and
+/// clipping see them once. Hooks registered on a parameter itself (`register_hook`) run twice:
+/// in the recompute's `grad()` and again in the outer backward. Unlike PyTorch's reentrant
+/// variant, the output needs gradients when the parameters do, even if the input does not. No
+/// double backward (`create_graph`): that is an error here. The
+/// recompute swaps the global RNG states for its duration, as PyTorch's `fork_rng`: another
+/// thread drawing random numbers meanwhile would see them.
 ///
 /// ```
 /// x = activation_checkpoint([&](const at::Tensor& h) { return block->forward(h); }, x,
