@@ -24,9 +24,9 @@ namespace mixprec::models {
 /// clipping see them once. Hooks registered on a parameter itself (`register_hook`) run twice:
 /// in the recompute's `grad()` and again in the outer backward. Unlike PyTorch's reentrant
 /// variant, the output needs gradients when the parameters do, even if the input does not. No
-/// double backward (`create_graph`): that is an error here. The
-/// recompute swaps the global RNG states for its duration, as PyTorch's `fork_rng`: another
-/// thread drawing random numbers meanwhile would see them.
+/// double backward (`create_graph`): that is an error here. The recompute swaps the global RNG
+/// states for its duration, as PyTorch's `fork_rng`: another thread drawing random numbers
+/// meanwhile would see them.
 ///
 /// ```
 /// x = activation_checkpoint([&](const at::Tensor& h) { return block->forward(h); }, x,
