@@ -13,6 +13,7 @@
 #include <mixprec/amp/grad_scaler.h>
 #include <mixprec/models/gpt2.h>
 #include <mixprec/optim/adamw.h>
+#include <mixprec/optim/optimizer_in_backward.h>
 #include <mixprec/train/trainer.h>
 
 #include <torch/torch.h>
@@ -109,7 +110,7 @@ int main(int argc, char** argv) {
   CLI::App app{"tokens/s of the level-1 loop on GPT-2 in one configuration"};
   std::string size = "small", precision = "fp32", fast_path = "auto", level = "loop";
   int steps = 20, warmup = 2, threads = 2;
-  bool profile = false, memory = false, checkpointing = false;
+  bool profile = false, memory = false, checkpointing = false, in_backward = false;
   app.add_option("--size", size, "small: 2 x 128, T 128; large: 6 x 512, T 256 (B 8, V 4096)")
       ->check(CLI::IsMember({"small", "large"}));
   app.add_option("--precision", precision,
@@ -135,6 +136,9 @@ int main(int argc, char** argv) {
                "between steps (LibTorch's profiler), and peak RSS");
   app.add_flag("--activation-checkpointing", checkpointing,
                "recompute each block's activations in the backward (HF's gradient_checkpointing)");
+  app.add_flag("--optimizer-in-backward", in_backward,
+               "update each parameter and free its gradient as soon as the backward has it "
+               "(optim::OptimizerInBackward; --level loop, not fp16)");
   CLI11_PARSE(app, argc, argv);
   // The first steps page-fault in the memory glibc then keeps for reuse: with 2 warm-up steps, the
   // profiled step's large bf16 cross-entropy backward took 24 ms writing its fresh 16 MB gradient,
@@ -145,6 +149,11 @@ int main(int argc, char** argv) {
   if (memory && level == "trainer") {
     std::fprintf(stderr,
                  "--memory measures the loop's or the Accelerator's step, not the Trainer's\n");
+    return 2;
+  }
+  if (in_backward && (level != "loop" || precision == "fp16")) {
+    std::fprintf(stderr,
+                 "--optimizer-in-backward runs at --level loop, without fp16's GradScaler\n");
     return 2;
   }
   if (pure && level != "loop") {
@@ -187,6 +196,15 @@ int main(int argc, char** argv) {
     optimizer.zero_grad();
     return loss;
   };
+  std::optional<mixprec::optim::OptimizerInBackward> updates_in_backward;
+  if (in_backward) {
+    updates_in_backward.emplace(optimizer);
+    step = [&](int64_t i) {
+      const auto loss = forward(i);
+      loss.backward();
+      return loss;
+    };
+  }
   std::optional<mixprec::Accelerator> accelerator;
   if (level == "accelerator") {
     accelerator.emplace(mixprec::AcceleratorOptions{
@@ -233,11 +251,11 @@ int main(int argc, char** argv) {
   const double activations = level == "loop" ? activation_mb([&] { return forward(0); }) : 0.0;
   std::printf(
       "{\"impl\": \"mixprec\", \"level\": \"%s\", \"size\": \"%s\", \"precision\": \"%s\", "
-      "\"fast_path\": \"%s\", \"activation_checkpointing\": %s, "
+      "\"fast_path\": \"%s\", \"activation_checkpointing\": %s, \"optimizer_in_backward\": %s, "
       "\"fast_path_active\": %s, \"fast_path_calls\": %lld, \"tokens_per_s\": %.1f, "
       "\"final_loss\": %.6f, \"peak_rss_mb\": %.1f, \"activation_mb\": %.1f}\n",
       level.c_str(), size.c_str(), precision.c_str(), fast_path.c_str(),
-      checkpointing ? "true" : "false",
+      checkpointing ? "true" : "false", in_backward ? "true" : "false",
       mixprec::amp::fp16_cpu_fast_path_active() ? "true" : "false",
       static_cast<long long>(mixprec::amp::fp16_cpu_fast_path_calls() - calls_before),
       static_cast<double>(steps * batch * seq) / seconds, final_loss, usage.ru_maxrss / 1024.0,

@@ -35,7 +35,12 @@ def main():
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--activation-checkpointing", action="store_true",
                    help="transformers' activation_checkpointing_enable() (torch.utils.checkpoint per block)")
+    p.add_argument("--optimizer-in-backward", action="store_true",
+                   help="PyTorch's recipe: one fused AdamW per parameter, stepped and zeroed by a "
+                   "post-accumulate-grad hook (loop only, not fp16)")
     a = p.parse_args()
+    if a.optimizer_in_backward and (a.level != "loop" or a.precision == "fp16"):
+        p.error("--optimizer-in-backward runs at --level loop, without fp16's GradScaler")
     if a.precision == "bf16-pure" and a.level != "loop":
         p.error("--precision bf16-pure runs at --level loop only")
 
@@ -70,6 +75,21 @@ def main():
         optimizer.zero_grad()
         return loss
 
+    if a.optimizer_in_backward:  # pytorch.org/tutorials/intermediate/optimizer_step_in_backward_tutorial
+        optimizers = {p: torch.optim.AdamW([p], lr=3e-4, fused=True) for p in model.parameters()}
+
+        def step_and_free(p):
+            optimizers[p].step()
+            optimizers[p].zero_grad()
+
+        for p in model.parameters():
+            p.register_post_accumulate_grad_hook(step_and_free)
+
+        def step(i):  # noqa: F811 (the loop's step, the updates inside the backward)
+            loss = forward(i)
+            loss.backward()
+            return loss
+
     if a.level == "accelerator":
         from accelerate import Accelerator
 
@@ -97,6 +117,7 @@ def main():
     peak_rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # before the extra forward
     print(json.dumps({"impl": "pytorch", "level": a.level, "size": a.size, "precision": a.precision,
                       "activation_checkpointing": a.activation_checkpointing,
+                      "optimizer_in_backward": a.optimizer_in_backward,
                       "tokens_per_s": round(a.steps * batch * seq / seconds, 1),
                       "final_loss": round(final_loss, 6), "peak_rss_mb": round(peak_rss_mb, 1),
                       "activation_mb": round(activation_mb(lambda: forward(0)), 1) if a.level == "loop" else 0}))

@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
+#include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 
@@ -33,6 +34,17 @@ class PerDevice {
   at::Tensor master_;
   std::vector<std::pair<at::Device, at::Tensor>> copies_;
 };
+
+// optim::OptimizerInBackward's hooks update each parameter in the backward, with the scaled
+// gradient, before any inf/NaN check could skip the step.
+void check_not_updated_in_backward(torch::optim::Optimizer& optimizer) {
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params())
+      TORCH_CHECK(!p.requires_grad() || !torch::autograd::impl::post_acc_grad_hooks(p),
+                  "GradScaler::step: the optimizer's parameters are updated in the backward "
+                  "(optim::OptimizerInBackward), before an inf/NaN check could skip the update; "
+                  "a GradScaler cannot be used with it");
+}
 
 }  // namespace
 
@@ -143,6 +155,7 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     return true;
   }
   check_initialized("step");
+  check_not_updated_in_backward(optimizer);
   auto& state = per_optimizer_states_[&optimizer];
   TORCH_CHECK(state.stage != Stage::kStepped,
               "step() has already been called since the last update().");

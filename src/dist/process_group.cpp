@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -177,6 +178,12 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
     : impl_(std::make_unique<Impl>()) {
   TORCH_CHECK(group, "GradientReducer: no process group");
   impl_->group = std::move(group);
+  for (size_t i = 0; i < parameters.size(); ++i)
+    TORCH_CHECK(!parameters[i].requires_grad() ||
+                    !torch::autograd::impl::post_acc_grad_hooks(parameters[i]),
+                "GradientReducer: parameter ", i,
+                " has a post-accumulate-grad hook (an optim::OptimizerInBackward?), which would "
+                "update it before the all-reduce");
   const int64_t cap = options.bucket_cap_mb * 1024 * 1024;
   const std::vector<bool> sparse(parameters.size(), false);
   // As DDP: a small first bucket starts communication early in backward.

@@ -2,18 +2,23 @@
 //   torchrun --nproc-per-node 2 --no-python mixprec_dist_tests
 // Every rank runs every test, in the same order, so collectives pair up.
 #include "mixprec/accelerate/accelerator.h"
+#include "mixprec/optim/adamw.h"
 #include "mixprec/optim/lr_scheduler.h"
+#include "mixprec/optim/optimizer_in_backward.h"
+#include "test_util.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <limits>
+#include <string>
 #include <vector>
 
 namespace {
 
 using mixprec::Accelerator;
 using mixprec::dist::GradientCompression;
+using mixprec::testing::error_of;
 
 torch::nn::Sequential make_net() {
   return torch::nn::Sequential(torch::nn::Linear(6, 16), torch::nn::Tanh(),
@@ -222,6 +227,26 @@ TEST_F(DataParallel, CompressedAllReduceHalvesTheBytesWithinRounding) {
 // Accelerator: the mean loss over the ranks with fp16 or bf16 compression stays
 // within a relative 2e-4 (fp16) or 2e-3 (bf16) of the fp32 all-reduce's at
 // every step (seen: at most 1.9e-5 and 2.1e-4), yet is not the same curve.
+// Updates in the backward would run before the all-reduce: an error, in either order.
+TEST_F(DataParallel, OptimizerInBackwardIsAnError) {
+  auto group = mixprec::dist::ProcessGroup::from_environment();
+  auto net = make_net();
+  {
+    mixprec::optim::AdamW optimizer(net->parameters());
+    mixprec::optim::OptimizerInBackward updates(optimizer);
+    EXPECT_NE(error_of([&] {
+                mixprec::dist::GradientReducer reducer(net->parameters(), group);
+              }).find("OptimizerInBackward"),
+              std::string::npos);
+  }
+  mixprec::dist::GradientReducer reducer(net->parameters(), group);
+  mixprec::optim::AdamW optimizer(net->parameters());
+  EXPECT_NE(error_of([&] {
+              mixprec::optim::OptimizerInBackward updates(optimizer);
+            }).find("GradientReducer"),
+            std::string::npos);
+}
+
 TEST_F(DataParallel, CompressedLossCurveFollowsFp32) {
   const int64_t rank = accelerator.process_index();
   torch::manual_seed(20 + rank);

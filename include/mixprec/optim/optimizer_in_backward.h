@@ -1,0 +1,49 @@
+#pragma once
+
+#include <torch/optim/optimizer.h>
+
+#include <vector>
+
+namespace mixprec::optim {
+
+/// Runs `optimizer`'s update of each parameter inside the backward, as soon as the backward has
+/// accumulated that parameter's gradient, and frees the gradient right after. The twin of
+/// PyTorch's recipe "fuse the optimizer step into the backward pass"
+/// (`Tensor.register_post_accumulate_grad_hook` calling a step and `zero_grad`): the gradients of
+/// all parameters never live at once, which lowers the peak memory of a step by up to one copy of
+/// the parameters (fp32 gradients of fp32 master weights in mixed precision).
+///
+/// The optimizer keeps its state, options and LR scheduler; the loop calls neither `step()` nor
+/// `zero_grad()`:
+/// ```
+/// mixprec::optim::AdamW optimizer(model->parameters(), AdamWOptions(3e-4).fused(true));
+/// mixprec::optim::OptimizerInBackward in_backward(optimizer);
+/// for (...) {
+///   model->forward(ids, labels).loss.backward();  // updates the parameters
+///   scheduler.step();
+/// }
+/// ```
+/// Each update is `optimizer.step()` while only that parameter has a gradient, so it is the same
+/// arithmetic as one `step()` after the whole backward for optimizers that update each parameter
+/// on its own (AdamW, SGD, ...), not for ones that look at all gradients at once (LBFGS). Each
+/// such step looks at every parameter, which costs nothing next to the update for the hundreds of
+/// parameter tensors of a transformer, but grows as their square.
+///
+/// Not compatible with what needs every gradient before any update: gradient clipping, gradient
+/// accumulation, a GradScaler (fp16's skipped steps) and data parallel's all-reduce. The
+/// parameters must be on one device. The optimizer must outlive this object; the hooks are
+/// removed when it is destroyed.
+class OptimizerInBackward {
+ public:
+  /// Fails if a parameter already has a gradient (call `optimizer.zero_grad()` first) or already
+  /// has a post-accumulate-grad hook.
+  explicit OptimizerInBackward(torch::optim::Optimizer& optimizer);
+  ~OptimizerInBackward();
+  OptimizerInBackward(const OptimizerInBackward&) = delete;
+  OptimizerInBackward& operator=(const OptimizerInBackward&) = delete;
+
+ private:
+  std::vector<at::Tensor> parameters_;
+};
+
+}  // namespace mixprec::optim

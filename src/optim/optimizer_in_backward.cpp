@@ -1,0 +1,59 @@
+#include "mixprec/optim/optimizer_in_backward.h"
+
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
+
+#include <memory>
+
+namespace mixprec::optim {
+
+namespace {
+
+// LibTorch's C++ form of `register_post_accumulate_grad_hook`: AccumulateGrad calls it right
+// after it has written the parameter's `.grad`.
+struct StepAndFreeGrad : torch::autograd::PostAccumulateGradHook {
+  explicit StepAndFreeGrad(torch::optim::Optimizer& optimizer) : optimizer(optimizer) {}
+  void operator()(const torch::autograd::Variable& parameter) override {
+    optimizer.step();
+    parameter.mutable_grad().reset();
+  }
+  torch::optim::Optimizer& optimizer;
+};
+
+}  // namespace
+
+OptimizerInBackward::OptimizerInBackward(torch::optim::Optimizer& optimizer) {
+  int64_t index = -1;  // in the optimizer's parameters, for the errors
+  for (const auto& group : optimizer.param_groups())
+    for (const auto& p : group.params()) {
+      ++index;
+      if (!p.requires_grad()) continue;  // frozen: never gets a gradient to apply
+      const auto name = [&] { return c10::str("parameter ", index, " of shape ", p.sizes()); };
+      TORCH_CHECK(p.is_leaf(), "OptimizerInBackward: ", name(), " is not a leaf tensor");
+      TORCH_CHECK(!p.grad().defined(), "OptimizerInBackward: ", name(),
+                  " already has a gradient, which the first update would apply; call "
+                  "optimizer.zero_grad() first");
+      TORCH_CHECK(!torch::autograd::impl::post_acc_grad_hooks(p), "OptimizerInBackward: ", name(),
+                  " already has a post-accumulate-grad hook (another OptimizerInBackward?)");
+      const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(p);
+      TORCH_CHECK(!accumulator || accumulator->post_hooks().empty(),
+                  "OptimizerInBackward: ", name(),
+                  " has hooks that read its gradient after accumulation (a dist::GradientReducer's "
+                  "all-reduce?), which would run after the update");
+      // Each hook steps the whole optimizer, which updates whatever has a gradient: hooks on
+      // two devices' autograd threads could step one parameter twice.
+      TORCH_CHECK(parameters_.empty() || p.device() == parameters_.front().device(),
+                  "OptimizerInBackward: ", name(), " is on ", p.device(), ", the first on ",
+                  parameters_.front().device(), "; expected all on one device");
+      parameters_.push_back(p);
+    }
+  for (const auto& p : parameters_)
+    torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<StepAndFreeGrad>(optimizer));
+}
+
+OptimizerInBackward::~OptimizerInBackward() {
+  for (const auto& p : parameters_) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+}
+
+}  // namespace mixprec::optim
