@@ -37,11 +37,12 @@ TCMALLOC = "/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4"
 
 
 def environment(allocator):
+    env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     if allocator == "glibc":
-        return dict(os.environ, **MALLOC_REUSE)
+        return dict(env, **MALLOC_REUSE)
     if not os.path.exists(TCMALLOC):
         sys.exit(f"{TCMALLOC} not found: apt-get install libtcmalloc-minimal4")
-    return dict(os.environ, LD_PRELOAD=TCMALLOC)
+    return dict(env, LD_PRELOAD=TCMALLOC)
 
 
 def run(impl, precision, flags, allocator, args):
@@ -50,7 +51,7 @@ def run(impl, precision, flags, allocator, args):
            else [sys.executable, os.path.join(ROOT, "bench", "gpt2_bench.py")]) + common
     out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=environment(allocator)).stdout
     r = json.loads(out.strip().splitlines()[-1])
-    r.update(allocator=allocator, flags=" ".join(flags))
+    r.update(allocator=allocator, flags=" ".join(flags), steps=args.steps)
     return r
 
 
@@ -69,7 +70,9 @@ def main():
     if args.from_json:
         with open(args.from_json) as f:
             runs = [json.loads(line) for line in f]
-        args.reps = len({r["rep"] for r in runs})
+        args.reps, args.steps = len({r["rep"] for r in runs}), runs[0]["steps"]
+    elif args.json:
+        open(args.json, "w").close()  # this run's lines only
     for rep in range(0 if args.from_json else args.reps):
         for allocator in allocators:
             for precision, flags in CONFIGS:

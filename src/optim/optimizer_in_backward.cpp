@@ -1,5 +1,6 @@
 #include "mixprec/optim/optimizer_in_backward.h"
 
+#include <c10/util/ScopeExit.h>
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
@@ -13,12 +14,15 @@ namespace {
 // LibTorch's C++ form of `register_post_accumulate_grad_hook`: AccumulateGrad calls it right
 // after it has written the parameter's `.grad`.
 struct StepAndFreeGrad : torch::autograd::PostAccumulateGradHook {
-  explicit StepAndFreeGrad(torch::optim::Optimizer& optimizer) : optimizer(optimizer) {}
+  StepAndFreeGrad(torch::optim::Optimizer& optimizer, const OptimizerInBackward* owner)
+      : optimizer(optimizer), owner(owner) {}
   void operator()(const torch::autograd::Variable& parameter) override {
+    // Freed even if the step throws: a gradient left behind would be applied by every later hook.
+    const auto free_grad = c10::make_scope_exit([&] { parameter.mutable_grad().reset(); });
     optimizer.step();
-    parameter.mutable_grad().reset();
   }
   torch::optim::Optimizer& optimizer;
+  const OptimizerInBackward* owner;
 };
 
 }  // namespace
@@ -28,13 +32,15 @@ OptimizerInBackward::OptimizerInBackward(torch::optim::Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params()) {
       ++index;
-      if (!p.requires_grad()) continue;  // frozen: never gets a gradient to apply
       const auto name = [&] { return c10::str("parameter ", index, " of shape ", p.sizes()); };
       TORCH_CHECK(p.is_leaf(), "OptimizerInBackward: ", name(), " is not a leaf tensor");
+      // Also for frozen parameters: any gradient would be applied by every hook's step.
       TORCH_CHECK(!p.grad().defined(), "OptimizerInBackward: ", name(),
-                  " already has a gradient, which the first update would apply; call "
+                  " already has a gradient, which every update would apply; call "
                   "optimizer.zero_grad() first");
-      TORCH_CHECK(!torch::autograd::impl::post_acc_grad_hooks(p), "OptimizerInBackward: ", name(),
+      TORCH_CHECK(!p.unsafeGetTensorImpl()->autograd_meta() ||
+                      !torch::autograd::impl::post_acc_grad_hooks(p),
+                  "OptimizerInBackward: ", name(),
                   " already has a post-accumulate-grad hook (another OptimizerInBackward?)");
       const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(p);
       TORCH_CHECK(!accumulator || accumulator->post_hooks().empty(),
@@ -48,12 +54,18 @@ OptimizerInBackward::OptimizerInBackward(torch::optim::Optimizer& optimizer) {
                   parameters_.front().device(), "; expected all on one device");
       parameters_.push_back(p);
     }
+  // Frozen parameters get one too (it creates their autograd metadata), for when they thaw.
   for (const auto& p : parameters_)
-    torch::autograd::impl::set_post_acc_grad_hooks(p, std::make_unique<StepAndFreeGrad>(optimizer));
+    torch::autograd::impl::set_post_acc_grad_hooks(
+        p, std::make_unique<StepAndFreeGrad>(optimizer, this));
 }
 
 OptimizerInBackward::~OptimizerInBackward() {
-  for (const auto& p : parameters_) torch::autograd::impl::set_post_acc_grad_hooks(p, nullptr);
+  for (const auto& p : parameters_) {
+    auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
+    const auto* ours = dynamic_cast<const StepAndFreeGrad*>(hook.get());
+    if (ours != nullptr && ours->owner == this) hook.reset();  // not one set since
+  }
 }
 
 }  // namespace mixprec::optim

@@ -8,6 +8,8 @@
 #include "test_util.h"
 
 #include <gtest/gtest.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/csrc/autograd/variable.h>
 #include <torch/torch.h>
 
 #include <optional>
@@ -120,11 +122,45 @@ TEST(OptimizerInBackward, BadUsesAreClearErrors) {
               std::string::npos);
     optimizer.zero_grad();
   }
+  // A frozen parameter's stale gradient would be applied by every hook.
+  const auto frozen = torch::randn({3});
+  frozen.mutable_grad() = torch::ones({3});
+  AdamW with_frozen(std::vector<torch::Tensor>{net.params[0], frozen});
+  EXPECT_NE(
+      error_of([&] { OptimizerInBackward updates(with_frozen); }).find("already has a gradient"),
+      std::string::npos);
   // Destroyed: the backward only accumulates again.
   const auto before = net.params[0].detach().clone();
   net.loss(x, y).backward();
   EXPECT_TRUE(net.params[0].grad().defined());
   EXPECT_TRUE(torch::equal(net.params[0], before));
+}
+
+// A parameter frozen when the hooks were set is updated once it thaws; a hook set by someone
+// else after ours stays when ours go.
+TEST(OptimizerInBackward, FrozenParametersThawAndOthersHooksStay) {
+  Net net;
+  const auto x = torch::randn({16, 4}), y = torch::randn({16, 3});
+  net.params[2].requires_grad_(false);
+  AdamW optimizer(net.params, AdamWOptions(0.05));
+  std::optional<OptimizerInBackward> updates(optimizer);
+  net.params[2].requires_grad_(true);
+  const auto before = net.params[2].detach().clone();
+  net.loss(x, y).backward();
+  EXPECT_FALSE(torch::equal(net.params[2], before));
+  EXPECT_FALSE(net.params[2].grad().defined());
+
+  struct Count : torch::autograd::PostAccumulateGradHook {
+    explicit Count(int& calls) : calls(calls) {}
+    void operator()(const torch::autograd::Variable&) override { ++calls; }
+    int& calls;
+  };
+  int calls = 0;
+  torch::autograd::impl::set_post_acc_grad_hooks(net.params[0], std::make_unique<Count>(calls));
+  updates.reset();
+  net.loss(x, y).backward();
+  EXPECT_EQ(calls, 1);
+  torch::autograd::impl::set_post_acc_grad_hooks(net.params[0], nullptr);
 }
 
 }  // namespace

@@ -25,13 +25,16 @@ namespace mixprec::optim {
 /// ```
 /// Each update is `optimizer.step()` while only that parameter has a gradient, so it is the same
 /// arithmetic as one `step()` after the whole backward for optimizers that update each parameter
-/// on its own (AdamW, SGD, ...), not for ones that look at all gradients at once (LBFGS). Each
-/// such step looks at every parameter, which costs nothing next to the update for the hundreds of
-/// parameter tensors of a transformer, but grows as their square.
+/// on its own (AdamW, SGD, ...), not for ones that look at all gradients at once (LBFGS), and
+/// bit for bit except where the update draws random numbers (stochastic rounding draws its seeds
+/// in the backward's order). Each such step looks at every parameter, which costs nothing next
+/// to the update for the hundreds of parameter tensors of a transformer, but grows as their
+/// square.
 ///
 /// Not compatible with what needs every gradient before any update: gradient clipping, gradient
 /// accumulation, a GradScaler (fp16's skipped steps) and data parallel's all-reduce. The
-/// parameters must be on one device. The optimizer must outlive this object; the hooks are
+/// parameters must be on one device. Frozen parameters get a hook too, for when they thaw; a
+/// parameter group added later gets none. The optimizer must outlive this object; its hooks are
 /// removed when it is destroyed.
 class OptimizerInBackward {
  public:
