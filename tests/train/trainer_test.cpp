@@ -462,24 +462,29 @@ TEST_F(TrainerTest, ActivationCheckpointingTrainsTheSame) {
   const auto ids = torch::randint(256, {16, 32});
   auto tokens = std::make_shared<mixprec::data::TensorDataset>(
       std::map<std::string, at::Tensor>{{"input_ids", ids}, {"labels", ids}});
-  const auto train = [&](bool checkpointing) {
-    auto config = models_test::tiny_gpt2_config();
-    config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.1;
-    torch::manual_seed(0);
-    mixprec::models::GPT2LMHeadModel model(config);
-    auto a = args(checkpointing ? "checkpointed" : "plain");
-    a.eval_strategy = "no";
-    a.save_strategy = "no";
-    a.bf16 = true;
-    a.activation_checkpointing = checkpointing;
-    a.per_device_train_batch_size = 4;
-    a.max_steps = 6;
-    Trainer trainer(model, a, tokens);
-    EXPECT_EQ(model->is_activation_checkpointing(), checkpointing);
-    return trainer.train().training_loss;
-  };
-  const double plain = train(false);
-  EXPECT_NEAR(train(true), plain, 1e-5 * plain);
+  // fp16 too: the recompute under fp16 autocast, the GradScaler's skipped steps.
+  for (const bool fp16 : {false, true}) {
+    SCOPED_TRACE(fp16 ? "fp16" : "bf16");
+    const auto train = [&](bool checkpointing) {
+      auto config = models_test::tiny_gpt2_config();
+      config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.1;
+      torch::manual_seed(0);
+      mixprec::models::GPT2LMHeadModel model(config);
+      auto a = args(checkpointing ? "checkpointed" : "plain");
+      a.eval_strategy = "no";
+      a.save_strategy = "no";
+      a.bf16 = !fp16;
+      a.fp16 = fp16;
+      a.activation_checkpointing = checkpointing;
+      a.per_device_train_batch_size = 4;
+      a.max_steps = 6;
+      Trainer trainer(model, a, tokens);
+      EXPECT_EQ(model->is_activation_checkpointing(), checkpointing);
+      return trainer.train().training_loss;
+    };
+    const double plain = train(false);
+    EXPECT_NEAR(train(true), plain, 1e-5 * plain);
+  }
 
   auto a = args("classifier");
   a.activation_checkpointing = true;
