@@ -11,7 +11,7 @@ PyTorch's post-accumulate-grad-hook recipe in the twin). Allocators: glibc with 
 settings (what mixprec's Accelerator and Trainer set), or tcmalloc (LD_PRELOAD; Debian's
 libtcmalloc-minimal4), for C++ and Python alike. Each ratio to fp32 is taken within one rep, same
 implementation and allocator, then the median. PyTorch's fp16 is not run: its fp16 GEMMs are scalar
-loops on this CPU (run.py: over 60 s a step).
+loops on this CPU (its large loop did not finish in run.py's 60 s timeout).
 """
 import argparse
 import json
