@@ -1,11 +1,11 @@
 #include "mixprec/amp/grad_scaler.h"
 
 #include "mixprec/log/numerics_monitor.h"
+#include "mixprec/optim/optimizer_in_backward.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <torch/autograd.h>
-#include <torch/csrc/autograd/variable.h>
 
 #include <cmath>
 
@@ -40,7 +40,7 @@ class PerDevice {
 void check_not_updated_in_backward(torch::optim::Optimizer& optimizer) {
   for (const auto& group : optimizer.param_groups())
     for (const auto& p : group.params())
-      TORCH_CHECK(!p.requires_grad() || !torch::autograd::impl::post_acc_grad_hooks(p),
+      TORCH_CHECK(!optim::updated_in_backward(p),
                   "GradScaler::step: the optimizer's parameters are updated in the backward "
                   "(optim::OptimizerInBackward), before an inf/NaN check could skip the update; "
                   "a GradScaler cannot be used with it");

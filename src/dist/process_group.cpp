@@ -1,8 +1,9 @@
 #include "mixprec/dist/process_group.h"
 
+#include "mixprec/optim/optimizer_in_backward.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
-#include <torch/csrc/autograd/variable.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -179,9 +180,7 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
   TORCH_CHECK(group, "GradientReducer: no process group");
   impl_->group = std::move(group);
   for (size_t i = 0; i < parameters.size(); ++i)
-    TORCH_CHECK(!parameters[i].requires_grad() ||
-                    !torch::autograd::impl::post_acc_grad_hooks(parameters[i]),
-                "GradientReducer: parameter ", i,
+    TORCH_CHECK(!optim::updated_in_backward(parameters[i]), "GradientReducer: parameter ", i,
                 " has a post-accumulate-grad hook (an optim::OptimizerInBackward?), which would "
                 "update it before the all-reduce");
   const int64_t cap = options.bucket_cap_mb * 1024 * 1024;

@@ -27,6 +27,12 @@ struct StepAndFreeGrad : torch::autograd::PostAccumulateGradHook {
 
 }  // namespace
 
+bool updated_in_backward(const at::Tensor& parameter) {
+  // A tensor that never required grad has no autograd metadata, and so no hook.
+  return parameter.unsafeGetTensorImpl()->autograd_meta() != nullptr &&
+         torch::autograd::impl::post_acc_grad_hooks(parameter) != nullptr;
+}
+
 OptimizerInBackward::OptimizerInBackward(torch::optim::Optimizer& optimizer) {
   int64_t index = -1;  // in the optimizer's parameters, for the errors
   for (const auto& group : optimizer.param_groups())
@@ -38,9 +44,7 @@ OptimizerInBackward::OptimizerInBackward(torch::optim::Optimizer& optimizer) {
       TORCH_CHECK(!p.grad().defined(), "OptimizerInBackward: ", name(),
                   " already has a gradient, which every update would apply; call "
                   "optimizer.zero_grad() first");
-      TORCH_CHECK(!p.unsafeGetTensorImpl()->autograd_meta() ||
-                      !torch::autograd::impl::post_acc_grad_hooks(p),
-                  "OptimizerInBackward: ", name(),
+      TORCH_CHECK(!updated_in_backward(p), "OptimizerInBackward: ", name(),
                   " already has a post-accumulate-grad hook (another OptimizerInBackward?)");
       const auto accumulator = torch::autograd::impl::try_get_grad_accumulator(p);
       TORCH_CHECK(!accumulator || accumulator->post_hooks().empty(),

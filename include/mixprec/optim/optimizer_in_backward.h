@@ -49,4 +49,9 @@ class OptimizerInBackward {
   std::vector<at::Tensor> parameters_;
 };
 
+/// Whether the backward updates `parameter` itself (it has a post-accumulate-grad hook, as
+/// `OptimizerInBackward` sets): what runs after the backward, a GradScaler's inf/NaN check or
+/// data parallel's all-reduce, would come too late for it.
+bool updated_in_backward(const at::Tensor& parameter);
+
 }  // namespace mixprec::optim
