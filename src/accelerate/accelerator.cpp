@@ -2,6 +2,7 @@
 
 #include "mixprec/io/checkpoint.h"
 #include "mixprec/optim/clip_grad.h"
+#include "mixprec/optim/optimizer_in_backward.h"
 
 #include <ATen/ATen.h>
 #include <ATen/Context.h>
@@ -338,6 +339,13 @@ void AcceleratedScheduler::step() {
 void Accelerator::backward(const at::Tensor& loss) {
   // Dividing by 1 changes nothing, but costs an op and an autograd node a step.
   const int64_t steps = shared_->options.gradient_accumulation_steps;
+  if (steps > 1)
+    for (const auto& [optimizer, flags] : shared_->optimizers)
+      for (const auto& group : optimizer->param_groups())
+        optim::check_not_updated_in_backward(
+            group.params(), "Accelerator::backward",
+            c10::str("which updates it at every micro-batch instead of once every ", steps,
+                     " (gradient_accumulation_steps)"));
   at::Tensor scaled = steps == 1 ? loss : loss / steps;
   if (shared_->scaler) scaled = shared_->scaler->scale(scaled);
   scaled.backward();
@@ -380,6 +388,9 @@ void Accelerator::clip_grad_value_(const std::vector<at::Tensor>& parameters, do
   TORCH_CHECK(sync_gradients(),
               "Accelerator::clip_grad_value_ on a gradient accumulation step: the gradients are "
               "not complete yet. Clip when accelerator.sync_gradients() is true.");
+  optim::check_not_updated_in_backward(
+      parameters, "Accelerator::clip_grad_value_",
+      "which applies and frees its gradient before clipping can see it");
   unscale_gradients();
   torch::nn::utils::clip_grad_value_(parameters, clip_value);
 }

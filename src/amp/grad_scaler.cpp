@@ -35,17 +35,6 @@ class PerDevice {
   std::vector<std::pair<at::Device, at::Tensor>> copies_;
 };
 
-// optim::OptimizerInBackward's hooks update each parameter in the backward, with the scaled
-// gradient, before any inf/NaN check could skip the step.
-void check_not_updated_in_backward(torch::optim::Optimizer& optimizer) {
-  for (const auto& group : optimizer.param_groups())
-    for (const auto& p : group.params())
-      TORCH_CHECK(!optim::updated_in_backward(p),
-                  "GradScaler::step: the optimizer's parameters are updated in the backward "
-                  "(optim::OptimizerInBackward), before an inf/NaN check could skip the update; "
-                  "a GradScaler cannot be used with it");
-}
-
 }  // namespace
 
 GradScaler::GradScaler(GradScalerOptions options)
@@ -155,7 +144,11 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
     return true;
   }
   check_initialized("step");
-  check_not_updated_in_backward(optimizer);
+  // The hooks would update with the scaled gradient, before the inf/NaN check could skip it.
+  for (const auto& group : optimizer.param_groups())
+    optim::check_not_updated_in_backward(group.params(), "GradScaler::step",
+                                         "before an inf/NaN check could skip the update; a "
+                                         "GradScaler cannot be used with it");
   auto& state = per_optimizer_states_[&optimizer];
   TORCH_CHECK(state.stage != Stage::kStepped,
               "step() has already been called since the last update().");

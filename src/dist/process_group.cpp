@@ -179,10 +179,8 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
     : impl_(std::make_unique<Impl>()) {
   TORCH_CHECK(group, "GradientReducer: no process group");
   impl_->group = std::move(group);
-  for (size_t i = 0; i < parameters.size(); ++i)
-    TORCH_CHECK(!optim::updated_in_backward(parameters[i]), "GradientReducer: parameter ", i,
-                " has a post-accumulate-grad hook (an optim::OptimizerInBackward?), which would "
-                "update it before the all-reduce");
+  optim::check_not_updated_in_backward(parameters, "GradientReducer",
+                                       "which would update it before the all-reduce");
   const int64_t cap = options.bucket_cap_mb * 1024 * 1024;
   const std::vector<bool> sparse(parameters.size(), false);
   // As DDP: a small first bucket starts communication early in backward.

@@ -1,5 +1,7 @@
 #include "mixprec/optim/clip_grad.h"
 
+#include "mixprec/optim/optimizer_in_backward.h"
+
 #include <ATen/ATen.h>
 
 #include <cmath>
@@ -62,6 +64,8 @@ std::optional<double> clip_fp32_cpu(const std::vector<at::Tensor>& grads, double
 
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
+  check_not_updated_in_backward(parameters, "clip_grad_norm_",
+                                "which applies and frees its gradient before clipping can see it");
   std::vector<at::Tensor> grads;
   for (const auto& p : parameters)
     if (p.grad().defined()) grads.push_back(p.grad());

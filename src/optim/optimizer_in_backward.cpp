@@ -33,6 +33,16 @@ bool updated_in_backward(const at::Tensor& parameter) {
          torch::autograd::impl::post_acc_grad_hooks(parameter) != nullptr;
 }
 
+void check_not_updated_in_backward(const std::vector<at::Tensor>& parameters, std::string_view user,
+                                   std::string_view why) {
+  for (size_t i = 0; i < parameters.size(); ++i)
+    TORCH_CHECK(!updated_in_backward(parameters[i]), user, ": parameter ", i, " of shape ",
+                parameters[i].sizes(),
+                " is updated in the backward by its post-accumulate-grad hook (an "
+                "optim::OptimizerInBackward), ",
+                why);
+}
+
 OptimizerInBackward::OptimizerInBackward(torch::optim::Optimizer& optimizer) {
   int64_t index = -1;  // in the optimizer's parameters, for the errors
   for (const auto& group : optimizer.param_groups())

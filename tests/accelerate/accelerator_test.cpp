@@ -1,5 +1,7 @@
 #include "mixprec/accelerate/accelerator.h"
 
+#include "mixprec/optim/optimizer_in_backward.h"
+
 #include <ATen/autocast_mode.h>
 #include "models/tiny_gpt2.h"
 #include "test_util.h"
@@ -10,7 +12,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <limits>
+#include <optional>
 
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -204,6 +208,43 @@ TEST(Accelerator, ClippingOnAnAccumulationStepIsAnError) {
               accelerator.clip_grad_norm_(probe->parameters(), 1.0);
             }).find("gradient accumulation step"),
             std::string::npos);
+}
+
+// An optim::OptimizerInBackward trains under the Accelerator as without it when nothing waits
+// for the gradients (bf16, no accumulation); accumulation and clipping are clear errors.
+TEST(Accelerator, OptimizerInBackwardWhereNothingWaitsForTheGradients) {
+  const auto train = [](bool in_backward, int64_t accumulation = 1) {
+    torch::manual_seed(0);
+    Probe probe;
+    torch::optim::AdamW adamw(probe->parameters(), 0.01);
+    Accelerator accelerator(
+        {.mixed_precision = "bf16", .gradient_accumulation_steps = accumulation});
+    auto [model, optimizer] = accelerator.prepare(probe, adamw);
+    std::optional<mixprec::optim::OptimizerInBackward> updates;
+    if (in_backward) updates.emplace(adamw);
+    for (int i = 0; i < 3; ++i) {
+      auto guard = accelerator.accumulate();
+      accelerator.backward(model(torch::randn({4, 4}), torch::tensor({0, 1, 2, 0})).loss);
+      optimizer.step();
+      optimizer.zero_grad();
+    }
+    return probe->fc->weight.detach().clone();
+  };
+  EXPECT_TRUE(torch::equal(train(true), train(false)));
+  EXPECT_NE(error_of([&] { train(true, 2); }).find("once every 2 (gradient_accumulation_steps)"),
+            std::string::npos);
+
+  Accelerator accelerator({.mixed_precision = "bf16"});
+  Probe probe;
+  torch::optim::AdamW adamw(probe->parameters(), 0.01);
+  auto [model, optimizer] = accelerator.prepare(probe, adamw);
+  mixprec::optim::OptimizerInBackward updates(adamw);
+  accelerator.backward(model(torch::randn({2, 4}), torch::tensor({0, 1})).loss);
+  for (const auto& clip : std::vector<std::function<void()>>{
+           [&] { accelerator.clip_grad_norm_(probe->parameters(), 1.0); },
+           [&] { accelerator.clip_grad_value_(probe->parameters(), 1.0); }})
+    EXPECT_NE(error_of(clip).find("is updated in the backward by its post-accumulate-grad hook"),
+              std::string::npos);
 }
 
 TEST(Accelerator, BadOptionsAreClearErrors) {

@@ -4,6 +4,7 @@
 
 #include "mixprec/amp/grad_scaler.h"
 #include "mixprec/optim/adamw.h"
+#include "mixprec/optim/clip_grad.h"
 #include "mixprec/optim/lr_scheduler.h"
 #include "test_util.h"
 
@@ -119,6 +120,10 @@ TEST(OptimizerInBackward, BadUsesAreClearErrors) {
     mixprec::amp::GradScaler scaler;
     scaler.scale(net.loss(x, y)).backward();
     EXPECT_NE(error_of([&] { scaler.step(optimizer); }).find("cannot be used with it"),
+              std::string::npos);
+    EXPECT_NE(error_of([&] {
+                mixprec::optim::clip_grad_norm_(net.params, 1.0);
+              }).find("clip_grad_norm_: parameter 0 of shape [8, 4] is updated in the backward"),
               std::string::npos);
     optimizer.zero_grad();
   }

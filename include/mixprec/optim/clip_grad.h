@@ -10,7 +10,8 @@ namespace mixprec::optim {
 /// place so that their total `norm_type`-norm is at most `max_norm`, and
 /// returns that norm before clipping (parameters without a gradient are
 /// skipped; none at all gives 0). The same math as PyTorch's: the clip
-/// coefficient max_norm / (norm + 1e-6), clamped to 1, in the gradients' dtype.
+/// coefficient max_norm / (norm + 1e-6), clamped to 1, in the gradients' dtype. A parameter
+/// updated in the backward (`OptimizerInBackward`), whose gradient is gone, is an error.
 ///
 /// fp32 gradients on the CPU with norm_type 2 take one pass to measure and one
 /// to scale (none where nothing is clipped), in fixed blocks summed in double,

@@ -2,6 +2,7 @@
 
 #include <torch/optim/optimizer.h>
 
+#include <string_view>
 #include <vector>
 
 namespace mixprec::optim {
@@ -32,10 +33,12 @@ namespace mixprec::optim {
 /// square.
 ///
 /// Not compatible with what needs every gradient before any update: gradient clipping, gradient
-/// accumulation, a GradScaler (fp16's skipped steps) and data parallel's all-reduce. The
-/// parameters must be on one device. Frozen parameters get a hook too, for when they thaw; a
-/// parameter group added later gets none. The optimizer must outlive this object; its hooks are
-/// removed when it is destroyed.
+/// accumulation, a GradScaler (fp16's skipped steps) and data parallel's all-reduce; mixprec's
+/// versions of them (`clip_grad_norm_`, the Accelerator's clipping and accumulation,
+/// `GradScaler::step`, `dist::GradientReducer`) say so in an error. An Accelerator in fp32 or
+/// bf16 without accumulation trains with it as without it. The parameters must be on one device.
+/// Frozen parameters get a hook too, for when they thaw; a parameter group added later gets none.
+/// The optimizer must outlive this object; its hooks are removed when it is destroyed.
 class OptimizerInBackward {
  public:
   /// Fails if a parameter already has a gradient (call `optimizer.zero_grad()` first) or already
@@ -53,5 +56,10 @@ class OptimizerInBackward {
 /// `OptimizerInBackward` sets): what runs after the backward, a GradScaler's inf/NaN check or
 /// data parallel's all-reduce, would come too late for it.
 bool updated_in_backward(const at::Tensor& parameter);
+
+/// Fails, naming `user` and the parameter, if the backward updates one of `parameters` itself;
+/// `why` ends the message: what `user` needed the gradient for.
+void check_not_updated_in_backward(const std::vector<at::Tensor>& parameters, std::string_view user,
+                                   std::string_view why);
 
 }  // namespace mixprec::optim
