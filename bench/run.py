@@ -253,8 +253,9 @@ def main_gpt2(args):
 
     for precision in ("fp32", "bf16", "fp16"):
         loop = ("mixprec", precision, None, "loop")
-        if precision == "fp16":  # the loop run whose fast path is the Accelerator's (kAuto)
-            active = any(r["fast_path_active"] for r in runs.get(("mixprec", "fp16", None, "accelerator"), []))
+        if precision == "fp16":  # the loop run whose fast path is kAuto's, as the Accelerator and Trainer run
+            active = any(r["fast_path_active"] for key, rs in runs.items()
+                         if key[0] == "mixprec" and key[2] is None for r in rs)
             loop = ("mixprec", "fp16", "on" if active else "off", "loop")
         m = [loop] + [("mixprec", precision, None, level) for level in ("accelerator", "trainer")]
         t = [("pytorch", precision, None, level) for level in ("loop", "accelerator", "trainer")]
