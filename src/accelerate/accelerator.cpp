@@ -339,13 +339,13 @@ void AcceleratedScheduler::step() {
 void Accelerator::backward(const at::Tensor& loss) {
   // Dividing by 1 changes nothing, but costs an op and an autograd node a step.
   const int64_t steps = shared_->options.gradient_accumulation_steps;
-  if (steps > 1)
+  if (steps > 1) {
+    const std::string why = c10::str("which updates it at every micro-batch instead of once every ",
+                                     steps, " (gradient_accumulation_steps)");
     for (const auto& [optimizer, flags] : shared_->optimizers)
       for (const auto& group : optimizer->param_groups())
-        optim::check_not_updated_in_backward(
-            group.params(), "Accelerator::backward",
-            c10::str("which updates it at every micro-batch instead of once every ", steps,
-                     " (gradient_accumulation_steps)"));
+        optim::check_not_updated_in_backward(group.params(), "Accelerator::backward", why);
+  }
   at::Tensor scaled = steps == 1 ? loss : loss / steps;
   if (shared_->scaler) scaled = shared_->scaler->scale(scaled);
   scaled.backward();
