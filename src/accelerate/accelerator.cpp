@@ -162,6 +162,10 @@ void Accelerator::register_for_checkpointing(Checkpointable& object) {
 
 namespace {
 
+// Why clipping cannot run on a parameter updated in the backward.
+constexpr const char* kGradientGone =
+    "which applies and frees its gradient before clipping can see it";
+
 // The n-th file of a kind: "model.safetensors", "model_1.safetensors", ... as Accelerate names
 // them.
 std::string nth(const std::string& stem, size_t n, const std::string& extension) {
@@ -339,12 +343,24 @@ void AcceleratedScheduler::step() {
 void Accelerator::backward(const at::Tensor& loss) {
   // Dividing by 1 changes nothing, but costs an op and an autograd node a step.
   const int64_t steps = shared_->options.gradient_accumulation_steps;
-  if (steps > 1) {
-    const std::string why = c10::str("which updates it at every micro-batch instead of once every ",
-                                     steps, " (gradient_accumulation_steps)");
-    for (const auto& [optimizer, flags] : shared_->optimizers)
-      for (const auto& group : optimizer->param_groups())
-        optim::check_not_updated_in_backward(group.params(), "Accelerator::backward", why);
+  // optim::OptimizerInBackward's hooks would update inside this backward: at every micro-batch,
+  // and in fp16 with the scaled gradient, before any inf/NaN check. Checked on the models too:
+  // with the hooks, the loop has no reason to prepare the optimizer.
+  if (steps > 1 || shared_->scaler) {
+    const std::string why =
+        shared_->scaler
+            ? "which applies its scaled gradient before the GradScaler can unscale it or skip the "
+              "step on an inf/NaN (fp16)"
+            : c10::str("which updates it at every micro-batch instead of once every ", steps,
+                       " (gradient_accumulation_steps)");
+    for (size_t i = 0; i < shared_->models.size(); ++i)
+      optim::check_not_updated_in_backward(shared_->models[i]->parameters(),
+                                           c10::str("Accelerator::backward: prepared model ", i),
+                                           why);
+    for (size_t i = 0; i < shared_->optimizers.size(); ++i)
+      optim::check_not_updated_in_backward(
+          *shared_->optimizers[i].first, c10::str("Accelerator::backward: prepared optimizer ", i),
+          why);
   }
   at::Tensor scaled = steps == 1 ? loss : loss / steps;
   if (shared_->scaler) scaled = shared_->scaler->scale(scaled);
@@ -380,6 +396,7 @@ double Accelerator::clip_grad_norm_(const std::vector<at::Tensor>& parameters, d
   TORCH_CHECK(sync_gradients(),
               "Accelerator::clip_grad_norm_ on a gradient accumulation step: the gradients are "
               "not complete yet. Clip when accelerator.sync_gradients() is true.");
+  optim::check_not_updated_in_backward(parameters, "Accelerator::clip_grad_norm_", kGradientGone);
   unscale_gradients();
   return optim::clip_grad_norm_(parameters, max_norm, norm_type);
 }
@@ -388,9 +405,7 @@ void Accelerator::clip_grad_value_(const std::vector<at::Tensor>& parameters, do
   TORCH_CHECK(sync_gradients(),
               "Accelerator::clip_grad_value_ on a gradient accumulation step: the gradients are "
               "not complete yet. Clip when accelerator.sync_gradients() is true.");
-  optim::check_not_updated_in_backward(
-      parameters, "Accelerator::clip_grad_value_",
-      "which applies and frees its gradient before clipping can see it");
+  optim::check_not_updated_in_backward(parameters, "Accelerator::clip_grad_value_", kGradientGone);
   unscale_gradients();
   torch::nn::utils::clip_grad_value_(parameters, clip_value);
 }

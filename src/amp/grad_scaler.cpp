@@ -145,10 +145,9 @@ bool GradScaler::step(torch::optim::Optimizer& optimizer) {
   }
   check_initialized("step");
   // The hooks would update with the scaled gradient, before the inf/NaN check could skip it.
-  for (const auto& group : optimizer.param_groups())
-    optim::check_not_updated_in_backward(group.params(), "GradScaler::step",
-                                         "before an inf/NaN check could skip the update; a "
-                                         "GradScaler cannot be used with it");
+  optim::check_not_updated_in_backward(optimizer, "GradScaler::step",
+                                       "before an inf/NaN check could skip the update; a "
+                                       "GradScaler cannot be used with it");
   auto& state = per_optimizer_states_[&optimizer];
   TORCH_CHECK(state.stage != Stage::kStepped,
               "step() has already been called since the last update().");

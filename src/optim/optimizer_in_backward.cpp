@@ -43,6 +43,14 @@ void check_not_updated_in_backward(const std::vector<at::Tensor>& parameters, st
                 why);
 }
 
+void check_not_updated_in_backward(const torch::optim::Optimizer& optimizer, std::string_view user,
+                                   std::string_view why) {
+  std::vector<at::Tensor> parameters;
+  for (const auto& group : optimizer.param_groups())
+    parameters.insert(parameters.end(), group.params().begin(), group.params().end());
+  check_not_updated_in_backward(parameters, user, why);
+}
+
 OptimizerInBackward::OptimizerInBackward(torch::optim::Optimizer& optimizer) {
   int64_t index = -1;  // in the optimizer's parameters, for the errors
   for (const auto& group : optimizer.param_groups())

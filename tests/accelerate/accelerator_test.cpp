@@ -231,8 +231,32 @@ TEST(Accelerator, OptimizerInBackwardWhereNothingWaitsForTheGradients) {
     return probe->fc->weight.detach().clone();
   };
   EXPECT_TRUE(torch::equal(train(true), train(false)));
-  EXPECT_NE(error_of([&] { train(true, 2); }).find("once every 2 (gradient_accumulation_steps)"),
+  EXPECT_NE(error_of([&] { train(true, 2); })
+                .find("Accelerator::backward: prepared model 0: parameter 0 of shape [3, 4] is "
+                      "updated in the backward"),
             std::string::npos);
+
+  // Found on the model's parameters when the optimizer is not prepared (the hooks step it), and
+  // in fp16 before the hooks could apply a scaled gradient.
+  for (const auto& options :
+       {mixprec::accelerate::AcceleratorOptions{.gradient_accumulation_steps = 2},
+        mixprec::accelerate::AcceleratorOptions{.mixed_precision = "fp16"}}) {
+    Accelerator accelerator(options);
+    Probe probe;
+    torch::optim::AdamW adamw(probe->parameters(), 0.01);
+    auto model = accelerator.prepare(probe);
+    mixprec::optim::OptimizerInBackward updates(adamw);
+    const auto before = probe->fc->weight.detach().clone();
+    const auto error = error_of([&] {
+      auto guard = accelerator.accumulate();
+      accelerator.backward(model(torch::randn({2, 4}), torch::tensor({0, 1})).loss);
+    });
+    EXPECT_NE(error.find(options.mixed_precision == "fp16" ? "before the GradScaler can unscale it"
+                                                           : "once every 2"),
+              std::string::npos)
+        << error;
+    EXPECT_TRUE(torch::equal(probe->fc->weight, before));
+  }
 
   Accelerator accelerator({.mixed_precision = "bf16"});
   Probe probe;

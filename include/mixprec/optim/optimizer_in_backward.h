@@ -34,7 +34,7 @@ namespace mixprec::optim {
 ///
 /// Not compatible with what needs every gradient before any update: gradient clipping, gradient
 /// accumulation, a GradScaler (fp16's skipped steps) and data parallel's all-reduce; mixprec's
-/// versions of them (`clip_grad_norm_`, the Accelerator's clipping and accumulation,
+/// versions of them (`clip_grad_norm_`, the Accelerator's clipping, accumulation and fp16,
 /// `GradScaler::step`, `dist::GradientReducer`) say so in an error. An Accelerator in fp32 or
 /// bf16 without accumulation trains with it as without it. The parameters must be on one device.
 /// Frozen parameters get a hook too, for when they thaw; a parameter group added later gets none.
@@ -60,6 +60,9 @@ bool updated_in_backward(const at::Tensor& parameter);
 /// Fails, naming `user` and the parameter, if the backward updates one of `parameters` itself;
 /// `why` ends the message: what `user` needed the gradient for.
 void check_not_updated_in_backward(const std::vector<at::Tensor>& parameters, std::string_view user,
+                                   std::string_view why);
+/// The same for every parameter of `optimizer`, numbered across its groups.
+void check_not_updated_in_backward(const torch::optim::Optimizer& optimizer, std::string_view user,
                                    std::string_view why);
 
 }  // namespace mixprec::optim
