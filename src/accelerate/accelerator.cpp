@@ -347,20 +347,16 @@ void Accelerator::backward(const at::Tensor& loss) {
   // and in fp16 with the scaled gradient, before any inf/NaN check. Checked on the models too:
   // with the hooks, the loop has no reason to prepare the optimizer.
   if (steps > 1 || shared_->scaler) {
-    const std::string why =
-        shared_->scaler
-            ? "which applies its scaled gradient before the GradScaler can unscale it or skip the "
-              "step on an inf/NaN (fp16)"
-            : c10::str("which updates it at every micro-batch instead of once every ", steps,
-                       " (gradient_accumulation_steps)");
-    for (size_t i = 0; i < shared_->models.size(); ++i)
-      optim::check_not_updated_in_backward(shared_->models[i]->parameters(),
-                                           c10::str("Accelerator::backward: prepared model ", i),
-                                           why);
-    for (size_t i = 0; i < shared_->optimizers.size(); ++i)
-      optim::check_not_updated_in_backward(
-          *shared_->optimizers[i].first, c10::str("Accelerator::backward: prepared optimizer ", i),
-          why);
+    const std::string_view why =
+        shared_->scaler ? "which applies its scaled gradient before the GradScaler can unscale it "
+                          "or skip the step on an inf/NaN (fp16)"
+                        : "which updates it at every micro-batch instead of once per "
+                          "gradient_accumulation_steps";
+    for (const auto& model : shared_->models)
+      optim::check_not_updated_in_backward(*model, "Accelerator::backward (a prepared model)", why);
+    for (const auto& [optimizer, flags] : shared_->optimizers)
+      optim::check_not_updated_in_backward(*optimizer,
+                                           "Accelerator::backward (a prepared optimizer)", why);
   }
   at::Tensor scaled = steps == 1 ? loss : loss / steps;
   if (shared_->scaler) scaled = shared_->scaler->scale(scaled);

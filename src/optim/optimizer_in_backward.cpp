@@ -5,6 +5,7 @@
 #include <torch/csrc/autograd/function_hook.h>
 #include <torch/csrc/autograd/variable.h>
 
+#include <atomic>
 #include <memory>
 
 namespace mixprec::optim {
@@ -33,22 +34,40 @@ bool updated_in_backward(const at::Tensor& parameter) {
          torch::autograd::impl::post_acc_grad_hooks(parameter) != nullptr;
 }
 
+namespace {
+
+// Live OptimizerInBackward objects: while there are none, the checks below, which run every step
+// in the Accelerator and the GradScaler, cost one load.
+std::atomic<int64_t> live_optimizers_in_backward{0};
+
+void check_one(const at::Tensor& p, size_t index, std::string_view user, std::string_view why) {
+  TORCH_CHECK(!updated_in_backward(p), user, ": parameter ", index, " of shape ", p.sizes(),
+              " is updated in the backward by its post-accumulate-grad hook (an "
+              "optim::OptimizerInBackward), ",
+              why);
+}
+
+}  // namespace
+
 void check_not_updated_in_backward(const std::vector<at::Tensor>& parameters, std::string_view user,
                                    std::string_view why) {
-  for (size_t i = 0; i < parameters.size(); ++i)
-    TORCH_CHECK(!updated_in_backward(parameters[i]), user, ": parameter ", i, " of shape ",
-                parameters[i].sizes(),
-                " is updated in the backward by its post-accumulate-grad hook (an "
-                "optim::OptimizerInBackward), ",
-                why);
+  if (live_optimizers_in_backward.load(std::memory_order_relaxed) == 0) return;
+  for (size_t i = 0; i < parameters.size(); ++i) check_one(parameters[i], i, user, why);
 }
 
 void check_not_updated_in_backward(const torch::optim::Optimizer& optimizer, std::string_view user,
                                    std::string_view why) {
-  std::vector<at::Tensor> parameters;
+  if (live_optimizers_in_backward.load(std::memory_order_relaxed) == 0) return;
+  size_t index = 0;  // across the groups, as the OptimizerInBackward's own errors count
   for (const auto& group : optimizer.param_groups())
-    parameters.insert(parameters.end(), group.params().begin(), group.params().end());
-  check_not_updated_in_backward(parameters, user, why);
+    for (const auto& p : group.params()) check_one(p, index++, user, why);
+}
+
+void check_not_updated_in_backward(const torch::nn::Module& module, std::string_view user,
+                                   std::string_view why) {
+  // Gated before parameters(), which builds the module's named parameters.
+  if (live_optimizers_in_backward.load(std::memory_order_relaxed) == 0) return;
+  check_not_updated_in_backward(module.parameters(), user, why);
 }
 
 OptimizerInBackward::OptimizerInBackward(torch::optim::Optimizer& optimizer) {
@@ -80,9 +99,11 @@ OptimizerInBackward::OptimizerInBackward(torch::optim::Optimizer& optimizer) {
   for (const auto& p : parameters_)
     torch::autograd::impl::set_post_acc_grad_hooks(
         p, std::make_unique<StepAndFreeGrad>(optimizer, this));
+  ++live_optimizers_in_backward;
 }
 
 OptimizerInBackward::~OptimizerInBackward() {
+  --live_optimizers_in_backward;
   for (const auto& p : parameters_) {
     auto& hook = torch::autograd::impl::post_acc_grad_hooks(p);
     const auto* ours = dynamic_cast<const StepAndFreeGrad*>(hook.get());

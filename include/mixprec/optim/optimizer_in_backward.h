@@ -1,5 +1,6 @@
 #pragma once
 
+#include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
 #include <string_view>
@@ -36,9 +37,10 @@ namespace mixprec::optim {
 /// accumulation, a GradScaler (fp16's skipped steps) and data parallel's all-reduce; mixprec's
 /// versions of them (`clip_grad_norm_`, the Accelerator's clipping, accumulation and fp16,
 /// `GradScaler::step`, `dist::GradientReducer`) say so in an error. An Accelerator in fp32 or
-/// bf16 without accumulation trains with it as without it. The parameters must be on one device.
-/// Frozen parameters get a hook too, for when they thaw; a parameter group added later gets none.
-/// The optimizer must outlive this object; its hooks are removed when it is destroyed.
+/// bf16 without accumulation trains with it as without it (its numerics monitor sees no gradients).
+/// The parameters must be on one device. Frozen parameters get a hook too, for when they thaw; a
+/// parameter group added later gets none. The optimizer must outlive this object; its hooks are
+/// removed when it is destroyed.
 class OptimizerInBackward {
  public:
   /// Fails if a parameter already has a gradient (call `optimizer.zero_grad()` first) or already
@@ -58,11 +60,15 @@ class OptimizerInBackward {
 bool updated_in_backward(const at::Tensor& parameter);
 
 /// Fails, naming `user` and the parameter, if the backward updates one of `parameters` itself;
-/// `why` ends the message: what `user` needed the gradient for.
+/// `why` ends the message: what `user` needed the gradient for. Checks only while an
+/// `OptimizerInBackward` exists (a hook of the user's own is not its business), and then costs
+/// one pointer test per parameter: the Accelerator and the GradScaler call it every step.
 void check_not_updated_in_backward(const std::vector<at::Tensor>& parameters, std::string_view user,
                                    std::string_view why);
-/// The same for every parameter of `optimizer`, numbered across its groups.
+/// The same for every parameter of `optimizer`, numbered across its groups, or of `module`.
 void check_not_updated_in_backward(const torch::optim::Optimizer& optimizer, std::string_view user,
+                                   std::string_view why);
+void check_not_updated_in_backward(const torch::nn::Module& module, std::string_view user,
                                    std::string_view why);
 
 }  // namespace mixprec::optim
