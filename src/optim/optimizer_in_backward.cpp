@@ -10,6 +10,12 @@
 
 namespace mixprec::optim {
 
+bool updated_in_backward(const at::Tensor& parameter) {
+  // A tensor that never required grad has no autograd metadata, and so no hook.
+  return parameter.unsafeGetTensorImpl()->autograd_meta() != nullptr &&
+         torch::autograd::impl::post_acc_grad_hooks(parameter) != nullptr;
+}
+
 namespace {
 
 // LibTorch's C++ form of `register_post_accumulate_grad_hook`: AccumulateGrad calls it right
@@ -25,16 +31,6 @@ struct StepAndFreeGrad : torch::autograd::PostAccumulateGradHook {
   torch::optim::Optimizer& optimizer;
   const OptimizerInBackward* owner;
 };
-
-}  // namespace
-
-bool updated_in_backward(const at::Tensor& parameter) {
-  // A tensor that never required grad has no autograd metadata, and so no hook.
-  return parameter.unsafeGetTensorImpl()->autograd_meta() != nullptr &&
-         torch::autograd::impl::post_acc_grad_hooks(parameter) != nullptr;
-}
-
-namespace {
 
 // Live OptimizerInBackward objects: while there are none, the checks below, which run every step
 // in the Accelerator and the GradScaler, cost one load.
