@@ -59,16 +59,8 @@ std::string part_of(const std::string& op) {
   return "other (residual adds, bias sums, fills, embeddings, dispatch)";
 }
 
-// What the forward leaves allocated for the backward (activations autograd saved, autocast's
-// 16-bit weight copies, the loss), in MB: the net bytes of LibTorch's profiler's memory
-// events over one forward.
 double activation_mb(const std::function<torch::Tensor()>& forward) {
-  torch::Tensor loss;  // alive, with its graph, until the profiler stops
-  const auto result = profiled([&] { loss = forward(); }, /*memory=*/true);
-  int64_t bytes = 0;
-  for (const auto& e : result->events())
-    if (e.name() == "[memory]") bytes += e.nBytes();
-  return static_cast<double>(bytes) / (1024.0 * 1024.0);
+  return static_cast<double>(activation_bytes(forward)) / (1024.0 * 1024.0);
 }
 
 // Peak bytes of the tensors one step allocates, above what lives before it (parameters,

@@ -35,6 +35,18 @@ inline std::unique_ptr<prof::ProfilerResult> profiled(const std::function<void()
   return prof::disableProfiler();
 }
 
+// What `forward` leaves allocated for the backward (activations autograd saved, autocast's
+// 16-bit weight copies, the loss), in bytes: the net bytes of LibTorch's profiler's memory
+// events over one call. Used by tests/models/activation_checkpoint_test.cpp too.
+inline int64_t activation_bytes(const std::function<torch::Tensor()>& forward) {
+  torch::Tensor loss;  // alive, with its graph, until the profiler stops
+  const auto result = profiled([&] { loss = forward(); }, /*memory=*/true);
+  int64_t bytes = 0;
+  for (const auto& e : result->events())
+    if (e.name() == "[memory]") bytes += e.nBytes();
+  return bytes;
+}
+
 // Prints each op's self time in a profile of `steps` steps (its time minus that of the ops it
 // called), per step and largest first, and their sums by `part_of` the step, to stderr.
 inline void print_self_times(const prof::ProfilerResult& result,

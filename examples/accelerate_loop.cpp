@@ -14,6 +14,8 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
+#include <cstdio>
+
 int main(int argc, char** argv) {
   CLI::App app{"mixprec level 2: the Accelerator on the digits dataset"};
   std::string mixed_precision = "bf16", data = "data/digits.csv", log_dir = "runs";
@@ -86,12 +88,16 @@ int main(int argc, char** argv) {
       auto predicted = model(val_set.images).argmax(1);
       const double accuracy = predicted.eq(val_set.labels).to(torch::kFloat).mean().item<double>();
       accelerator.log({{"eval/accuracy", accuracy}}, step);
-      accelerator.print(mixed_precision, " epoch ", epoch, "/", epochs, "  loss ",
-                        loss_sum / static_cast<double>(batches), "  val_acc ", 100 * accuracy,
-                        "%  skipped ", accelerator.optimizer_step_was_skipped() ? "yes" : "no",
-                        accelerator.scaler()
-                            ? "  scale " + std::to_string(accelerator.scaler()->get_scale())
-                            : "");
+      // As amp_loop prints it: scale 1 without a scaler (a disabled GradScaler's get_scale()).
+      auto* scaler = accelerator.scaler();
+      char line[160];
+      std::snprintf(line, sizeof line,
+                    "%s epoch %2d/%d  loss %.4f  val_acc %5.1f%%  scale %-8g skipped %s",
+                    mixed_precision == "no" ? "fp32" : mixed_precision.c_str(), epoch, epochs,
+                    loss_sum / static_cast<double>(batches), 100 * accuracy,
+                    scaler ? scaler->get_scale() : 1.0,
+                    accelerator.optimizer_step_was_skipped() ? "yes" : "no");
+      accelerator.print(line);
     }
     accelerator.end_training();
     accelerator.print("logs: ", log_dir, "/accelerate_loop (tensorboard --logdir ", log_dir, ")");

@@ -7,11 +7,11 @@
 #include "mixprec/optim/adamw.h"
 #include "mixprec/optim/optimizer_in_backward.h"
 #include "models/tiny_gpt2.h"
+#include "profile.h"  // bench/: activation_bytes
 #include "test_util.h"
 
 #include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
-#include <torch/csrc/autograd/profiler_kineto.h>
 #include <torch/torch.h>
 
 #include <map>
@@ -128,31 +128,20 @@ TEST(ActivationCheckpoint, RecomputesUnderTheForwardsAutocast) {
   EXPECT_EQ(at::autocast::get_autocast_dtype(at::kCPU), torch::kBFloat16);
 }
 
-// The tensors one forward leaves for the backward (profiler memory events, net bytes).
-int64_t activation_bytes(GPT2LMHeadModel& model, const torch::Tensor& ids) {
-  namespace prof = torch::autograd::profiler;
-  const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
-                                    /*report_input_shapes=*/false, /*profile_memory=*/true);
-  prof::prepareProfiler(config, {prof::ActivityType::CPU});
-  prof::enableProfiler(config, {prof::ActivityType::CPU});
-  torch::Tensor loss;
-  {
+// What one bf16 forward of `model` leaves for the backward, in bytes.
+int64_t bf16_forward_bytes(GPT2LMHeadModel& model, const torch::Tensor& ids) {
+  return activation_bytes([&] {
     mixprec::amp::Autocast autocast(torch::kCPU, torch::kBFloat16);
-    loss = model->forward(ids, ids).loss;
-  }
-  const auto result = prof::disableProfiler();
-  int64_t bytes = 0;
-  for (const auto& e : result->events())
-    if (e.name() == "[memory]") bytes += e.nBytes();
-  return bytes;
+    return model->forward(ids, ids).loss;
+  });
 }
 
 TEST(ActivationCheckpoint, KeepsOnlyTheBlocksInputs) {
   auto model = tiny_gpt2(/*n_layer=*/4, /*dropout=*/0.0);
   const auto ids = torch::randint(256, {4, 64});
-  const auto plain = activation_bytes(model, ids);
+  const auto plain = bf16_forward_bytes(model, ids);
   model->activation_checkpointing_enable();
-  const auto checkpointed = activation_bytes(model, ids);
+  const auto checkpointed = bf16_forward_bytes(model, ids);
   // Per block, the plain forward keeps ~20 (B, T, C) tensors and the bf16 weights; the
   // checkpointed one its fp32 input. The logits and the loss's tensors are kept by both.
   const int64_t input_bytes = 4 * 64 * 64 * 4, logits_bytes = 4 * 64 * 256 * 4;
@@ -160,7 +149,7 @@ TEST(ActivationCheckpoint, KeepsOnlyTheBlocksInputs) {
   EXPECT_LT(checkpointed, 4 * input_bytes + 4 * logits_bytes);
   // Not checkpointed in eval mode.
   model->eval();
-  EXPECT_EQ(activation_bytes(model, ids), plain);
+  EXPECT_EQ(bf16_forward_bytes(model, ids), plain);
 }
 
 // A function of parameters only (an input without grad), a parameter listed twice (tied
