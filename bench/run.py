@@ -426,6 +426,8 @@ def main():
     p.add_argument("--losses", default="dp_losses.jsonl", help="dp: the loss curves, one JSON line per step")
     p.add_argument("--from-json", help="GPT-2 workloads: print the tables of a file --json wrote, run nothing")
     args = p.parse_args()
+    if args.from_json and not args.workload.startswith("gpt2"):
+        p.error(f"--from-json reads the files of GPT-2 workloads only (got --workload {args.workload})")
     if args.workload == "dp":
         return main_dp(args)
     if args.workload != "digits":

@@ -13,7 +13,7 @@ enum class Fp16CpuPath {
 
 /// fp16 GEMMs at fp32 speed on CPUs without FP16 arithmetic.
 ///
-/// There, LibTorch's fp16 `mm`/`bmm`/convolutions are scalar loops, 5-150x slower
+/// There, LibTorch's fp16 `mm`/`bmm`/convolutions are scalar loops, 5-180x slower
 /// than fp32. The fast path computes `mm`, `addmm`, `bmm`, `baddbmm`, `mv`,
 /// `addmv`, `dot`, `vdot`, `convolution` and CPU flash attention (and so
 /// `matmul`, `linear`, `conv1d/2d/3d`, `conv_transpose*`, `einsum`,
