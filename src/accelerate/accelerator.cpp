@@ -109,6 +109,15 @@ PreparedDataLoader Accelerator::prepare_data_loader(data::DatasetPtr dataset,
                                                     data::CollateFn collate) {
   options.num_replicas = static_cast<size_t>(num_processes());
   options.rank = static_cast<size_t>(process_index());
+  if (shared_->options.split_batches) {
+    // Step k then sees batch k of the one-process loader, as in Accelerate: the ranks take
+    // every num_processes-th sample of it (Accelerate: contiguous slices).
+    TORCH_CHECK(options.batch_size % options.num_replicas == 0,
+                "Accelerator::prepare_data_loader: with split_batches, batch_size must be a "
+                "multiple of the number of processes; got batch_size ",
+                options.batch_size, " for ", options.num_replicas, " processes");
+    options.batch_size /= options.num_replicas;
+  }
   auto loader = std::make_shared<data::DataLoader>(std::move(dataset), options, std::move(collate));
   shared_->loaders.push_back(loader);
   return PreparedDataLoader(loader, shared_);

@@ -162,6 +162,40 @@ TEST_F(DataParallel, PreparedLoaderShardsAndGatherForMetricsDropsThePadding) {
   EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(torch::cat(seen))), torch::arange(9)));
 }
 
+// split_batches: batch_size is the batch of all processes; step k sees batch k of the
+// one-process loader (shuffled alike), split among the ranks; the schedule steps once.
+TEST_F(DataParallel, SplitBatchesDividesEachBatchAmongTheProcesses) {
+  Accelerator split({.split_batches = true});
+  const auto n = static_cast<size_t>(split.num_processes());
+  auto data = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"x", torch::arange(12)}});
+  const mixprec::data::DataLoaderOptions options{.batch_size = 2 * n, .shuffle = true, .seed = 3};
+  auto loader = split.prepare_data_loader(data, options);
+  mixprec::data::DataLoader one_process(data, options);
+  ASSERT_EQ(loader.size(), one_process.size());
+  auto whole = one_process.begin();
+  for (const auto& batch : loader) {
+    EXPECT_EQ(batch.at("x").size(0), 2);
+    auto step = std::get<0>(torch::sort(split.gather(batch.at("x"))));
+    EXPECT_TRUE(torch::equal(step, std::get<0>(torch::sort((*whole).at("x")))));
+    ++whole;
+  }
+  const auto error = error_of([&] { split.prepare_data_loader(data, {.batch_size = 2 * n + 1}); });
+  EXPECT_NE(error.find("batch_size must be a multiple of the number of processes; got batch_size " +
+                       std::to_string(2 * n + 1)),
+            std::string::npos)
+      << error;
+
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto linear = mixprec::optim::get_scheduler("linear", sgd, {.num_training_steps = 100});
+  auto [model, optimizer, scheduler] = split.prepare(net, sgd, linear);
+  split.backward(model(torch::randn({2, 6})).sum());
+  optimizer.step();
+  scheduler.step();
+  EXPECT_DOUBLE_EQ(scheduler.get_last_lr()[0], 0.1 * 99 / 100.0);
+}
+
 // One backward with each compression, from the same weights and data: the
 // bytes sent halve, and the averaged gradients are fp32's within two roundings
 // to the wire dtype (the cast of g/2, the sum), elementwise relative to the

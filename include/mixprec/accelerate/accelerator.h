@@ -39,7 +39,9 @@ struct AcceleratorOptions {
   /// The prepared scheduler steps only when its optimizers did.
   bool step_scheduler_with_optimizer = true;
   /// false: each process gets batch_size samples, and the scheduler steps
-  /// num_processes times per optimizer step, as in Accelerate.
+  /// num_processes times per optimizer step, as in Accelerate. true: a prepared
+  /// loader's batch_size is the batch of all processes together (each gets
+  /// batch_size / num_processes), and the scheduler steps once.
   bool split_batches = false;
   /// Data parallel (under torchrun): DDP's bucket size and the dtype gradients
   /// are all-reduced in (`{.compression = dist::GradientCompression::kBf16}`).
@@ -281,7 +283,8 @@ class Accelerator {
   }
   AcceleratedOptimizer prepare_one(torch::optim::Optimizer& optimizer);
   /// Accelerate's prepare(dataloader): a DataLoader of `dataset` with this
-  /// process's rank and the number of processes filled into `options`.
+  /// process's rank and the number of processes filled into `options` (and,
+  /// with split_batches, batch_size divided among the processes).
   PreparedDataLoader prepare_data_loader(data::DatasetPtr dataset,
                                          data::DataLoaderOptions options = {},
                                          data::CollateFn collate = {});
