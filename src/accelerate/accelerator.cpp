@@ -318,7 +318,8 @@ void AcceleratedOptimizer::step() {
   }
   flags_->unscaled = false;
   // One monitored step per step of the first optimizer.
-  if (shared_->monitor && shared_->optimizers.front().first == optimizer_) {
+  if (shared_->monitor && !shared_->optimizers.empty() &&
+      shared_->optimizers.front().first == optimizer_) {
     const auto logs = shared_->monitor->end_step(
         shared_->scaler ? shared_->scaler->get_scale() : 1.0, flags_->step_was_skipped);
     if (!logs.empty())
@@ -475,6 +476,15 @@ void Accelerator::log(const std::map<std::string, double>& values, int64_t step)
 void Accelerator::end_training() {
   for (auto& tracker : shared_->trackers) tracker->flush();
   shared_->trackers.clear();
+}
+
+void Accelerator::free_memory() {
+  shared_->models.clear();
+  shared_->optimizers.clear();
+  shared_->schedulers.clear();
+  shared_->custom_objects.clear();
+  shared_->loaders.clear();
+  shared_->step = 0;
 }
 
 void set_seed(uint64_t seed) {

@@ -350,8 +350,13 @@ std::vector<std::pair<int64_t, std::filesystem::path>> checkpoint_folders(
 
 }  // namespace
 
+std::vector<std::pair<int64_t, std::filesystem::path>> checkpoints(
+    const std::filesystem::path& output_dir) {
+  return checkpoint_folders(output_dir, /*unfinished=*/false);
+}
+
 std::optional<std::filesystem::path> last_good_checkpoint(const std::filesystem::path& output_dir) {
-  const auto folders = checkpoint_folders(output_dir, /*unfinished=*/false);
+  const auto folders = checkpoints(output_dir);
   for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
     try {
       verify_checkpoint(it->second);

@@ -15,9 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
-#include <regex>
 
 #include <signal.h>
 
@@ -202,6 +200,12 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   auto& acc = *accelerator_;
   auto& impl = *impl_;
   TORCH_CHECK(impl.train_dataset, "Trainer::train: no train_dataset");
+  // This run's optimizer, schedule and data position live in this call: the accelerator
+  // forgets them when it returns (another train() makes them afresh, as HF's does).
+  struct FreeMemory {
+    accelerate::Accelerator& acc;
+    ~FreeMemory() { acc.free_memory(); }
+  } free_memory{acc};
   if (!resume_from_checkpoint) resume_from_checkpoint = args_.resume_from_checkpoint;
   if (acc.is_main_process() && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
     TORCH_WARN("Trainer: removed checkpoint folders a killed run left unfinished in ",
@@ -287,7 +291,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                             .num_training_steps = max_steps});
   auto prepared = acc.prepare(impl.module);
   auto accelerated = acc.prepare(*optimizer);
-  auto scheduler = acc.prepare(schedule);
+  acc.prepare(schedule);  // for save_state and load_state only: stepped below, as HF's Trainer
   DataPosition position;
   acc.register_for_checkpointing(position);
 
@@ -432,8 +436,11 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         skipped_since_log += acc.optimizer_step_was_skipped();
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_optimizer_step(a, s, c); });
-        last_step_lr = scheduler.get_last_lr()[0];
-        scheduler.step();
+        last_step_lr = schedule.get_last_lr()[0];
+        // Once per update, as in HF's Trainer (which does not prepare its scheduler): the
+        // schedule counts this process's updates, where a prepared scheduler would step
+        // num_processes times each.
+        if (!acc.optimizer_step_was_skipped()) schedule.step();
         accelerated.zero_grad();
         ++state_.global_step;
         state_.epoch = static_cast<double>(epoch) +
@@ -529,15 +536,7 @@ void Trainer::save_checkpoint() {
   impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_save(a, s, c); });
   if (!args_.save_total_limit || !acc.is_main_process()) return;
   // Rotation: the oldest go first, never the best one (HF's _rotate_checkpoints).
-  std::vector<std::pair<int64_t, fs::path>> checkpoints;
-  const std::regex name("checkpoint-([0-9]+)");
-  for (const auto& entry : fs::directory_iterator(args_.output_dir)) {
-    std::smatch m;
-    const std::string filename = entry.path().filename().string();
-    if (entry.is_directory() && std::regex_match(filename, m, name))
-      checkpoints.emplace_back(std::stoll(m[1]), entry.path());
-  }
-  std::sort(checkpoints.begin(), checkpoints.end());
+  auto checkpoints = io::checkpoints(args_.output_dir);
   if (state_.best_model_checkpoint) {
     auto best = std::find_if(checkpoints.begin(), checkpoints.end(), [&](const auto& c) {
       return c.second == fs::path(*state_.best_model_checkpoint);

@@ -156,10 +156,8 @@ void TrainingArguments::validate() {
   }
   if ((load_best_model_at_end || save_strategy == "best") && !metric_for_best_model)
     metric_for_best_model = "loss";
-  if (metric_for_best_model && !greater_is_better) {
-    const std::string& m = *metric_for_best_model;
-    greater_is_better = !(m == "loss" || m == "eval_loss");
-  }
+  if (metric_for_best_model && !greater_is_better)
+    greater_is_better = !metric_for_best_model->ends_with("loss");  // HF's rule
 }
 
 namespace {

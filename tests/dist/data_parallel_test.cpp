@@ -3,15 +3,18 @@
 // Every rank runs every test, in the same order, so collectives pair up.
 #include "mixprec/accelerate/accelerator.h"
 #include "mixprec/models/gpt2.h"
+#include "mixprec/models/mlp_classifier.h"
 #include "mixprec/optim/adamw.h"
 #include "mixprec/optim/lr_scheduler.h"
 #include "mixprec/optim/optimizer_in_backward.h"
+#include "mixprec/train/trainer.h"
 #include "models/tiny_gpt2.h"
 #include "test_util.h"
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <filesystem>
 #include <limits>
 #include <string>
 #include <vector>
@@ -194,6 +197,33 @@ TEST_F(DataParallel, SplitBatchesDividesEachBatchAmongTheProcesses) {
   optimizer.step();
   scheduler.step();
   EXPECT_DOUBLE_EQ(scheduler.get_last_lr()[0], 0.1 * 99 / 100.0);
+}
+
+// The Trainer's schedule counts this process's updates (max_steps), as in HF's Trainer:
+// it steps once per update on every rank, not once per process.
+TEST_F(DataParallel, TrainerStepsItsScheduleOncePerUpdate) {
+  torch::manual_seed(0);
+  auto data = std::make_shared<mixprec::data::TensorDataset>(std::map<std::string, at::Tensor>{
+      {"pixels", torch::randn({32, 4})}, {"labels", torch::randint(0, 3, {32})}});
+  mixprec::models::MLPClassifier model(
+      mixprec::models::MLPClassifierOptions{.in_features = 4, .hidden = 8, .num_labels = 3});
+  mixprec::TrainingArguments args;
+  args.output_dir =
+      (std::filesystem::temp_directory_path() / ("mixprec_dp_trainer_" + std::to_string(getpid())))
+          .string();
+  args.max_steps = 4;
+  args.learning_rate = 0.1;
+  args.logging_steps = 1;
+  args.save_strategy = "no";
+  args.per_device_train_batch_size = 4;
+  mixprec::Trainer trainer(model, args, data);
+  trainer.train();
+  std::vector<double> lrs;
+  for (const auto& entry : trainer.state().log_history)
+    if (entry.count("learning_rate")) lrs.push_back(entry.at("learning_rate"));
+  ASSERT_EQ(lrs.size(), 4u);  // each step's lr, linear from 0.1 to 0 over the 4 steps
+  for (size_t i = 0; i < lrs.size(); ++i) EXPECT_NEAR(lrs[i], 0.1 * (4.0 - i) / 4, 1e-12) << i;
+  std::filesystem::remove_all(args.output_dir);
 }
 
 // One backward with each compression, from the same weights and data: the

@@ -371,6 +371,10 @@ TEST_F(TrainerTest, RotationKeepsTheBestAndLoadsItAtTheEnd) {
   a.metric_for_best_model = "accuracy";
   a.learning_rate = 0.5;  // erratic on purpose: the best is not the last
   a.optim = "sgd";
+  // Not a checkpoint (its number does not fit int64): rotation leaves it alone.
+  const auto not_a_checkpoint = fs::path(a.output_dir) / "checkpoint-123456789012345678901";
+  fs::create_directories(not_a_checkpoint);
+  a.overwrite_output_dir = true;
   torch::manual_seed(0);
   Classifier model;
   Trainer trainer(model, a, train_, eval_, accuracy);
@@ -378,11 +382,10 @@ TEST_F(TrainerTest, RotationKeepsTheBestAndLoadsItAtTheEnd) {
   const auto& best = trainer.state().best_model_checkpoint;
   ASSERT_TRUE(best.has_value());
   EXPECT_TRUE(fs::exists(*best));
-  int kept = 0;
-  for (const auto& entry : fs::directory_iterator(a.output_dir))
-    kept += entry.path().filename().string().starts_with("checkpoint-");
-  EXPECT_EQ(kept, 2);
+  ASSERT_NE(fs::path(*best).filename(), "checkpoint-50");  // else loading it proves nothing
+  EXPECT_EQ(mixprec::io::checkpoints(a.output_dir).size(), 2u);
   EXPECT_TRUE(fs::exists(fs::path(a.output_dir) / "checkpoint-50"));  // the last
+  EXPECT_TRUE(fs::exists(not_a_checkpoint));
   // The model at the end is the best checkpoint's.
   const auto saved = mixprec::io::load_safetensors(fs::path(*best) / "model.safetensors");
   EXPECT_TRUE(torch::equal(saved.at("fc2.weight"), model->fc2->weight.detach()));
@@ -438,6 +441,30 @@ TEST_F(TrainerTest, EarlyStoppingStopsWhenTheMetricStalls) {
   Classifier model;
   Trainer trainer(model, a, train_, eval_, accuracy, {early});
   EXPECT_EQ(trainer.train().global_step, 30);  // epochs 1, 2, 3; stopped after the third
+}
+
+// train() again, as HF allows: the second run makes its optimizer, schedule and data position
+// afresh and trains on (fp16: its clipping unscales only its own optimizer's gradients), and
+// the accelerator keeps nothing of a finished run (before, the first run's optimizer stayed
+// registered, dangling).
+TEST_F(TrainerTest, TrainsAgainAndLeavesNothingRegistered) {
+  auto a = args("twice");
+  a.fp16 = true;
+  a.eval_strategy = "no";
+  a.save_strategy = "no";
+  a.num_train_epochs = 1;
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer trainer(model, a, train_, eval_, accuracy);
+  EXPECT_EQ(trainer.train().global_step, 10);
+  const auto after_first = flat_params(*model);
+  EXPECT_EQ(trainer.train().global_step, 10);
+  EXPECT_FALSE(torch::equal(flat_params(*model), after_first));
+  const auto saved = dir_ / "accelerator_state";
+  trainer.accelerator().save_state(saved.string());
+  for (const auto& entry : fs::directory_iterator(saved))
+    for (const char* prefix : {"model", "optimizer", "scheduler", "custom_checkpoint"})
+      EXPECT_FALSE(entry.path().filename().string().starts_with(prefix)) << entry.path();
 }
 
 TEST_F(TrainerTest, ClearErrors) {

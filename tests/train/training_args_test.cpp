@@ -96,6 +96,10 @@ TEST(TrainingArguments, DependentDefaults) {
   accuracy.metric_for_best_model = "accuracy";
   accuracy.validate();
   EXPECT_EQ(accuracy.greater_is_better, true);
+  TrainingArguments nll;  // any name ending in "loss", as HF decides
+  nll.metric_for_best_model = "eval_nll_loss";
+  nll.validate();
+  EXPECT_EQ(nll.greater_is_better, false);
 }
 
 TEST(TrainingArguments, ClearErrors) {

@@ -380,6 +380,10 @@ class Accelerator {
   void log(const std::map<std::string, double>& values, int64_t step);
   /// Flushes and closes the trackers.
   void end_training();
+  /// Accelerate's free_memory(): forgets every prepared model, optimizer, scheduler and
+  /// data loader and every registered object (save_state() saves none of them after it), and
+  /// restarts the accumulation count. What was prepared before must not be used with it again.
+  void free_memory();
 
   template <ModuleHandle M>
   static M unwrap_model(const PreparedModel<M>& model) {

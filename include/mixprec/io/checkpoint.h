@@ -5,9 +5,12 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 namespace mixprec::io {
 
@@ -64,6 +67,11 @@ class CheckpointWriter {
 /// Checks every file of a checkpoint folder against its checksums.json; a
 /// damaged or missing file is an error that names it.
 void verify_checkpoint(const std::filesystem::path& dir);
+
+/// The `checkpoint-N` folders of `output_dir` (none if it does not exist), as (N, folder)
+/// sorted by N; a name whose N does not fit int64 is not one.
+std::vector<std::pair<int64_t, std::filesystem::path>> checkpoints(
+    const std::filesystem::path& output_dir);
 
 /// The newest `checkpoint-N` folder of `output_dir` that verify_checkpoint
 /// accepts; each newer damaged one is skipped with a warning that names it and

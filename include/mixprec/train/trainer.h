@@ -110,8 +110,6 @@ class Trainer {
   PredictionOutput predict(data::DatasetPtr test_dataset);
 
   void add_callback(std::shared_ptr<TrainerCallback> callback);
-  /// Writes a checkpoint of the current state into output_dir/checkpoint-<global_step>.
-  void save_checkpoint();
 
   const TrainingArguments& args() const { return args_; }
   const TrainerState& state() const { return state_; }
@@ -125,6 +123,8 @@ class Trainer {
     else
       return model;
   }
+  // Writes a checkpoint of the run into output_dir/checkpoint-<global_step> (in train()).
+  void save_checkpoint();
   struct Impl;
   std::unique_ptr<Impl> impl_;
   TrainingArguments args_;

@@ -61,7 +61,8 @@ struct TrainingArguments {
   bool load_best_model_at_end = false;
   /// "loss" when load_best_model_at_end is set; "eval_" is prefixed if missing.
   std::optional<std::string> metric_for_best_model = std::nullopt;
-  /// Defaults to false for metrics named loss, true for the others.
+  /// Defaults to false for metrics whose name ends in "loss" (eval_nll_loss too), true for
+  /// the others.
   std::optional<bool> greater_is_better = std::nullopt;
   int64_t seed = 42;
   std::optional<int64_t> data_seed = std::nullopt;
