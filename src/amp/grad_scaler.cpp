@@ -209,6 +209,12 @@ void GradScaler::update(std::optional<double> new_scale) {
                              options_.backoff_factor, options_.growth_interval);
     }
   }
+  end_step();
+}
+
+// What both update()s end with: the monitor's step (with the new scale), and the step's
+// per-optimizer records.
+void GradScaler::end_step() {
   if (options_.monitor) {
     bool skipped = false;
     for (const auto& [opt, state] : per_optimizer_states_)
@@ -236,7 +242,7 @@ void GradScaler::update(const at::Tensor& new_scale) {
   TORCH_CHECK(new_scale.numel() == 1, reason);
   TORCH_CHECK(!new_scale.requires_grad(), reason);
   scale_.copy_(new_scale.reshape({}));
-  per_optimizer_states_.clear();
+  end_step();
 }
 
 bool GradScaler::uses_extensions() const {
@@ -253,8 +259,9 @@ void GradScaler::update_with_extensions(const at::Tensor& found_inf) {
     return;
   }
   if (overflow && options_.min_scale) {
+    // In the scale's fp32: a min_scale that fp32 rounds up (0.1) is where clamp_ keeps it.
     const double current = scale_.item<double>();
-    TORCH_CHECK(current > *options_.min_scale,
+    TORCH_CHECK(current > static_cast<double>(static_cast<float>(*options_.min_scale)),
                 "GradScaler: inf/NaN gradients with the loss scale already at min_scale (",
                 *options_.min_scale,
                 "); it cannot be lowered further, and every step would be skipped. The loss or "

@@ -116,6 +116,9 @@ LRScheduler get_scheduler(const std::string& name, torch::optim::Optimizer& opti
   const double lr_init = optimizer.defaults().get_lr();
   TORCH_CHECK(lr_init > o.lr_end, "lr_end (", o.lr_end, ") must be smaller than initial lr (",
               lr_init, ")");
+  // Else 0 / 0 at step t (transformers raises ZeroDivisionError there).
+  TORCH_CHECK(t != w, "polynomial: num_training_steps (", t, ") equals num_warmup_steps (", w,
+              "): no step is left to decay in");
   return LRScheduler(optimizer, [w, t, lr_init, lr_end = o.lr_end, power = o.power](int64_t s) {
     if (s < w) return warmup(s, w);
     if (s > t) return lr_end / lr_init;

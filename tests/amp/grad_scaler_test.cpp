@@ -306,6 +306,21 @@ TEST(GradScalerExtensions, MinAndMaxScaleBoundTheScale) {
   EXPECT_EQ(scales, (std::vector<double>{8, 8, 8, 4, 2, 1}));
 }
 
+// The scale is fp32, where 0.1 rounds up: a scale clamped at min_scale 0.1 is at it.
+TEST(GradScalerExtensions, MinScaleIsComparedInTheScalesFloat) {
+  GradScaler scaler({.init_scale = 0.2, .min_scale = 0.1});
+  Toy toy;
+  torch::optim::SGD sgd({toy.w}, 0.0);
+  toy.backward(scaler, kInf);
+  scaler.step(sgd);
+  scaler.update();
+  EXPECT_EQ(scaler.get_scale(), static_cast<double>(0.1f));
+  toy.backward(scaler, kInf);
+  scaler.step(sgd);
+  EXPECT_TRUE(has(error_of([&] { scaler.update(); }),
+                  "inf/NaN gradients with the loss scale already at min_scale (0.1)"));
+}
+
 TEST(GradScalerExtensions, HysteresisToleratesOverflowsBeforeBackingOff) {
   GradScaler scaler({.init_scale = 16.0, .growth_interval = 2, .hysteresis = 2});
   Toy toy;

@@ -264,9 +264,13 @@ TEST(NumericsMonitor, AsAGradScalerOption) {
     scaler.scale(net->forward(torch::randn({4, 8})).pow(2).mean()).backward();
     if (step == 2) net->fc1->weight.mutable_grad()[0][0] = INFINITY;
     scaler.step(sgd);
-    scaler.update();
+    if (step == 5)
+      scaler.update(torch::full({}, 1024.0f));  // a set scale ends the step too
+    else
+      scaler.update();
     scales.push_back(scaler.get_scale());
   }
+  EXPECT_EQ(scales.back(), 1024.0);
   ASSERT_EQ(monitor->scale_history().size(), 5u);
   for (size_t i = 0; i < 5; ++i) {
     EXPECT_EQ(monitor->scale_history()[i].scale, scales[i]);

@@ -89,6 +89,12 @@ TEST(LRScheduler, BadArgumentsAreClearErrors) {
   EXPECT_THROW(
       get_scheduler("linear", model.sgd, {.num_warmup_steps = -1, .num_training_steps = 5}),
       c10::Error);
+  // Its decay would divide 0 by 0 at step 5 (transformers raises there).
+  EXPECT_NE(mixprec::testing::error_of([&] {
+              get_scheduler("polynomial", model.sgd,
+                            {.num_warmup_steps = 5, .num_training_steps = 5});
+            }).find("polynomial: num_training_steps (5) equals num_warmup_steps (5)"),
+            std::string::npos);
 }
 
 }  // namespace

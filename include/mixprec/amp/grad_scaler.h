@@ -123,6 +123,7 @@ class GradScaler {
   bool uses_extensions() const;
   void update_with_extensions(const at::Tensor& found_inf);
   void monitor_gradients(torch::optim::Optimizer& optimizer);
+  void end_step();
 
   GradScalerOptions options_;
   double init_scale_;
