@@ -96,11 +96,9 @@ std::shared_ptr<ProcessGroup> ProcessGroup::from_environment() {
   return group;
 }
 
-void ProcessGroup::all_reduce_(at::Tensor& tensor, ReduceOp op) {
+void ProcessGroup::all_reduce_(at::Tensor& tensor) {
   std::vector<at::Tensor> tensors{tensor};
-  c10d::AllreduceOptions options;
-  options.reduceOp = op == ReduceOp::kSum ? c10d::ReduceOp::SUM : c10d::ReduceOp::MAX;
-  impl_->group->allreduce(tensors, options)->wait();
+  impl_->group->allreduce(tensors, {})->wait();  // c10d's default: SUM
 }
 
 at::Tensor ProcessGroup::all_gather(const at::Tensor& tensor) {

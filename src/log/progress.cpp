@@ -79,13 +79,16 @@ std::string ProgressBar::format(const std::string& description, int64_t done, in
     ++cells;
   }
   bar.append(static_cast<size_t>(bar_width - cells), ' ');
+  // As tqdm: no rate yet (nothing done, or no time passed) is "?", below 1 it/s it inverts.
   const double rate = elapsed_s > 0 ? done / elapsed_s : 0.0;
   const double remaining = rate > 0 ? (total - done) / rate : NAN;
   char rate_text[32];
-  if (rate >= 1 || rate == 0)
-    std::snprintf(rate_text, sizeof(rate_text), "%.2fit/s", rate);
+  if (rate == 0)
+    std::snprintf(rate_text, sizeof(rate_text), "?it/s");
+  else if (rate < 1)
+    std::snprintf(rate_text, sizeof(rate_text), "%5.2fs/it", 1 / rate);
   else
-    std::snprintf(rate_text, sizeof(rate_text), "%.2fs/it", 1 / rate);
+    std::snprintf(rate_text, sizeof(rate_text), "%5.2fit/s", rate);
   char head[64];
   std::snprintf(head, sizeof(head), "%3.0f%%|", 100 * fraction);
   std::string line = description.empty() ? "" : description + ": ";

@@ -137,18 +137,7 @@ void GPT2Config::save_json_file(const std::filesystem::path& path) const {
       {"reorder_and_upcast_attn", false},
       {"tie_word_embeddings", true},
   };
-  // Atomic, like the weights: write path.tmp, then rename.
-  auto tmp = path;
-  tmp += ".tmp";
-  {
-    std::ofstream out(tmp);
-    out << j.dump(2) << "\n";
-    out.flush();
-    TORCH_CHECK(out, in_file(tmp), "write failed");
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  TORCH_CHECK(!ec, in_file(path), "cannot rename ", tmp.string(), " to it: ", ec.message());
+  io::write_file_atomically(path, j.dump(2) + "\n");  // as the weights: fsynced, renamed
 }
 
 void GPT2Config::validate() const {

@@ -1,5 +1,7 @@
 #include "mixprec/log/progress.h"
 
+#include "test_util.h"
+
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -8,13 +10,13 @@ namespace {
 
 using mixprec::log::ProgressBar;
 
+// Each line as tqdm's format_meter draws it (tests/reference/tqdm_format.py).
 TEST(ProgressBar, FormatsLikeTqdm) {
-  EXPECT_EQ(ProgressBar::format("train", 42, 100, 10.0, "loss=0.512"),
-            "train:  42%|████▏     | 42/100 [00:10<00:13, 4.20it/s, loss=0.512]");
-  EXPECT_EQ(ProgressBar::format("", 100, 100, 3725.0, ""),
-            "100%|██████████| 100/100 [1:02:05<00:00, 37.25s/it]");
-  EXPECT_EQ(ProgressBar::format("eval", 0, 8, 0.0, ""),
-            "eval:   0%|          | 0/8 [00:00<?, 0.00it/s]");
+  const auto reference = mixprec::testing::load_reference("tqdm_format.json");
+  for (const auto& c : reference.at("cases"))
+    EXPECT_EQ(ProgressBar::format(c.at("description"), c.at("done"), c.at("total"), c.at("elapsed"),
+                                  c.at("postfix")),
+              c.at("line").get<std::string>());
 }
 
 TEST(ProgressBar, OffWhenNotATerminal) {

@@ -19,7 +19,7 @@ struct ProgressOptions {
 };
 
 /// A tqdm-style progress bar on one terminal line:
-/// `train:  42%|████▏     | 42/100 [00:10<00:14,  4.20it/s, loss=0.512]`.
+/// `train:  42%|████▏     | 42/100 [00:10<00:13,  4.20it/s, loss=0.512]`.
 class ProgressBar {
  public:
   using Clock = std::chrono::steady_clock;

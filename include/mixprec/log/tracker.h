@@ -54,7 +54,7 @@ class TensorBoardTracker : public Tracker {
 std::vector<std::unique_ptr<Tracker>> make_trackers(const std::vector<std::string>& names,
                                                     const std::filesystem::path& dir);
 
-/// CRC-32C (Castagnoli), as TFRecord frames use it; exposed for tests.
+/// CRC-32C (Castagnoli), as TFRecord frames use it; also a checkpoint's checksums.json.
 uint32_t crc32c(const void* data, size_t size);
 
 }  // namespace mixprec::log

@@ -30,7 +30,6 @@ class LRScheduler {
  public:
   using LrLambda = std::function<double(int64_t step)>;
   LRScheduler(torch::optim::Optimizer& optimizer, LrLambda lr_lambda);
-  virtual ~LRScheduler() = default;
 
   void step();
   /// The lr of each param group set by the last step.

@@ -16,8 +16,8 @@ namespace mixprec::train {
 /// args.fp16 = true;
 /// args.validate();
 /// // or: auto args = TrainingArguments::from_file("run.yaml");
-/// //     args = TrainingArguments::parse_args(argc, argv);  // --config run.yaml --fp16
-/// --learning_rate 3e-4
+/// //     args = TrainingArguments::parse_args(argc, argv);
+/// //     (argv: --config run.yaml --fp16 --learning_rate 3e-4)
 /// ```
 ///
 /// `*_steps` below 1 are a ratio of the total training steps, as in transformers 5.
