@@ -1,14 +1,12 @@
 #include "mixprec/data/dataset.h"
 
+#include "mixprec/io/safetensors.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
-#include <cerrno>
 #include <charconv>
 #include <cmath>
-#include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -22,16 +20,6 @@ std::string join(const std::vector<std::string>& names) {
   std::string out;
   for (const auto& name : names) out += (out.empty() ? "" : ", ") + name;
   return out;
-}
-
-// The file's bytes; a clear error when it cannot be read.
-std::string read_file(const std::string& path) {
-  TORCH_CHECK(!std::filesystem::is_directory(path), path, ": is a directory, expected a file");
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in, path, ": cannot open (", std::strerror(errno), ")");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  return buffer.str();
 }
 
 bool is_blank(std::string_view text) {
@@ -104,7 +92,7 @@ std::vector<CsvRecord> parse_csv(const std::string& path, const std::string& tex
 
 // A CSV file's records, the header first; an error when there is nothing.
 std::vector<CsvRecord> read_csv(const std::string& path) {
-  const std::string text = read_file(path);
+  const std::string text = io::read_file(path);
   TORCH_CHECK(!is_blank(text), path, ": empty file");
   auto records = parse_csv(path, text);
   TORCH_CHECK(!records.empty(), path, ": empty file");
@@ -417,7 +405,7 @@ std::shared_ptr<ClassificationDataset> ClassificationDataset::from_csv(
 std::shared_ptr<ClassificationDataset> ClassificationDataset::from_jsonl(
     const std::string& path, const std::string& text_key, const std::string& label_key,
     const EncodeFn& encode, int64_t max_length, std::optional<int64_t> num_labels) {
-  const std::string text = read_file(path);
+  const std::string text = io::read_file(path);
   TORCH_CHECK(!is_blank(text), path, ": empty file");
   std::istringstream lines(text);
   std::string line;
@@ -473,7 +461,7 @@ std::map<std::string, int64_t> ClassificationDataset::label_to_id() const {
 }
 
 std::string load_text_file(const std::string& path) {
-  std::string text = read_file(path);
+  std::string text = io::read_file(path);
   TORCH_CHECK(!text.empty(), path, ": empty file");
   return text;
 }

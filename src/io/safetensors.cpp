@@ -54,8 +54,11 @@ void fsync_path(const std::filesystem::path& path, int flags) {
 }  // namespace
 
 std::string read_file(const std::filesystem::path& path) {
+  // An ifstream opens a directory and reads nothing: say what it is instead.
+  TORCH_CHECK(!std::filesystem::is_directory(path), path.string(),
+              ": is a directory, expected a file");
   std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), path.string(), ": cannot open: ", std::strerror(errno));
+  TORCH_CHECK(in.good(), path.string(), ": cannot open (", std::strerror(errno), ")");
   std::ostringstream contents;
   contents << in.rdbuf();
   TORCH_CHECK(!in.bad(), path.string(), ": read failed");

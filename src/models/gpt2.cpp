@@ -14,7 +14,6 @@
 #include <nlohmann/json.hpp>
 
 #include <cmath>
-#include <fstream>
 #include <set>
 #include <sstream>
 
@@ -73,11 +72,10 @@ std::string shape_of(at::IntArrayRef sizes) {
 // GPT2Config
 
 GPT2Config GPT2Config::from_json_file(const std::filesystem::path& path) {
-  std::ifstream file(path);
-  TORCH_CHECK(file, in_file(path), "cannot open for reading");
+  const std::string text = io::read_file(path);
   json j;
   try {
-    j = json::parse(file);
+    j = json::parse(text);
   } catch (const json::exception& e) {
     TORCH_CHECK(false, in_file(path), "not valid JSON: ", e.what());
   }

@@ -199,6 +199,55 @@ TEST(Accelerator, ClippingUnscalesOncePerStep) {
   }
 }
 
+// clip_grad_value_ in fp16 clips the unscaled gradients (Accelerate unscales first), and the
+// step that follows does not unscale them again.
+TEST(Accelerator, ClipGradValueClipsTheUnscaledGradients) {
+  torch::manual_seed(0);
+  Probe plain;
+  Probe probe;
+  {
+    torch::NoGradGuard no_grad;
+    for (size_t i = 0; i < plain->parameters().size(); ++i)
+      probe->parameters()[i].copy_(plain->parameters()[i]);
+  }
+  const auto x = torch::randn({2, 4}) * 4, y = torch::tensor({0, 1});
+  plain->forward(x, y).loss.backward();  // the true gradient
+  const auto expected_grad = plain->fc->weight.grad().clamp(-0.05, 0.05);
+  const auto expected_weight = plain->fc->weight.detach() - 0.1 * expected_grad;
+  ASSERT_GT(plain->fc->weight.grad().abs().max().item<double>(), 0.05);  // some are clipped
+
+  Accelerator accelerator({.mixed_precision = "fp16", .scaler = {.init_scale = 1024.0}});
+  torch::optim::SGD sgd(probe->parameters(), 0.1);
+  auto [model, optimizer] = accelerator.prepare(probe, sgd);
+  accelerator.backward(model(x, y).loss);
+  accelerator.clip_grad_value_(probe->parameters(), 0.05);
+  EXPECT_TRUE(torch::allclose(probe->fc->weight.grad(), expected_grad, 1e-3, 1e-5));
+  optimizer.step();
+  EXPECT_TRUE(torch::allclose(probe->fc->weight.detach(), expected_weight, 1e-3, 1e-5));
+}
+
+// step_scheduler_with_optimizer = false: the prepared scheduler steps at each call, on
+// accumulation steps too (Accelerate's AcceleratedScheduler).
+TEST(Accelerator, SchedulerStepsAtEveryCallWhenNotWithTheOptimizer) {
+  for (const bool with_optimizer : {true, false}) {
+    Accelerator accelerator(
+        {.gradient_accumulation_steps = 2, .step_scheduler_with_optimizer = with_optimizer});
+    Probe probe;
+    torch::optim::SGD sgd(probe->parameters(), 0.1);
+    auto linear = mixprec::optim::get_scheduler("linear", sgd, {.num_training_steps = 100});
+    auto [model, optimizer, scheduler] = accelerator.prepare(probe, sgd, linear);
+    for (int micro = 0; micro < 4; ++micro) {
+      auto guard = accelerator.accumulate();
+      accelerator.backward(model(torch::randn({2, 4}), torch::tensor({0, 1})).loss);
+      optimizer.step();
+      scheduler.step();
+      optimizer.zero_grad();
+    }
+    EXPECT_DOUBLE_EQ(scheduler.get_last_lr()[0], 0.1 * (with_optimizer ? 98 : 96) / 100.0)
+        << with_optimizer;
+  }
+}
+
 TEST(Accelerator, ClippingOnAnAccumulationStepIsAnError) {
   Accelerator accelerator({.gradient_accumulation_steps = 2});
   Probe probe;

@@ -147,6 +147,11 @@ TEST(ActivationCheckpoint, KeepsOnlyTheBlocksInputs) {
   const int64_t input_bytes = 4 * 64 * 64 * 4, logits_bytes = 4 * 64 * 256 * 4;
   EXPECT_LT(checkpointed, plain / 2) << plain << " vs " << checkpointed << " bytes";
   EXPECT_LT(checkpointed, 4 * input_bytes + 4 * logits_bytes);
+  // Every second block: about half of each plain block's tensors kept.
+  model->activation_checkpointing_enable(2);
+  const auto every_second = bf16_forward_bytes(model, ids);
+  EXPECT_GT(every_second, checkpointed + (plain - checkpointed) / 4);
+  EXPECT_LT(every_second, plain - (plain - checkpointed) / 4);
   // Not checkpointed in eval mode.
   model->eval();
   EXPECT_EQ(bf16_forward_bytes(model, ids), plain);

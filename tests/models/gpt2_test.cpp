@@ -110,6 +110,9 @@ struct Parity {
   double max_logit_diff;
   double loss_diff;
   torch::Dtype logits_dtype;
+  // Mean |logits - HF's fp32 logits rounded once to the 16-bit dtype|, ours and HF's own 16-bit
+  // run's: a model computed in fp32 that only casts its logits would be near 0 (fp16, bf16).
+  double mean_from_rounded_fp32 = 0, reference_mean_from_rounded_fp32 = 0;
 };
 
 Parity parity(GPT2LMHeadModel& model, const std::string& mode) {
@@ -127,9 +130,17 @@ Parity parity(GPT2LMHeadModel& model, const std::string& mode) {
   const int64_t slice = ref["logit_slice"].get<int64_t>();
   auto expected = tensor_of(ref[mode]["logits"], torch::kDouble);
   auto got = out.logits.narrow(-1, 0, slice).to(torch::kDouble);
-  return {(got - expected).abs().max().item<double>(),
-          std::abs(out.loss.item<double>() - ref[mode]["loss"].get<double>()),
-          out.logits.scalar_type()};
+  Parity p{(got - expected).abs().max().item<double>(),
+           std::abs(out.loss.item<double>() - ref[mode]["loss"].get<double>()),
+           out.logits.scalar_type()};
+  if (mode != "fp32") {
+    const auto rounded = tensor_of(ref["fp32"]["logits"], torch::kDouble)
+                             .to(out.logits.scalar_type())
+                             .to(torch::kDouble);
+    p.mean_from_rounded_fp32 = (got - rounded).abs().mean().item<double>();
+    p.reference_mean_from_rounded_fp32 = (expected - rounded).abs().mean().item<double>();
+  }
+  return p;
 }
 
 TEST_F(GPT2, Fp32MatchesTransformers) {
@@ -150,6 +161,9 @@ TEST_F(GPT2, Bf16AutocastMatchesTransformers) {
   EXPECT_LE(p.max_logit_diff, kBf16Tol);
   EXPECT_LE(p.loss_diff, kBf16LossTol);
   EXPECT_EQ(p.logits_dtype, torch::kBFloat16);
+  // Rounded inside, as HF's bf16 run is (the tolerances alone would pass an fp32 run).
+  EXPECT_GE(p.mean_from_rounded_fp32, 0.5 * p.reference_mean_from_rounded_fp32)
+      << p.mean_from_rounded_fp32 << " vs HF's " << p.reference_mean_from_rounded_fp32;
 }
 
 TEST_F(GPT2, Fp16AutocastMatchesTransformers) {
@@ -161,6 +175,9 @@ TEST_F(GPT2, Fp16AutocastMatchesTransformers) {
   EXPECT_LE(p.max_logit_diff, kFp16Tol);
   EXPECT_LE(p.loss_diff, kFp16LossTol);
   EXPECT_EQ(p.logits_dtype, torch::kHalf);
+  // Rounded inside, as HF's fp16 run is (the tolerances alone would pass an fp32 run).
+  EXPECT_GE(p.mean_from_rounded_fp32, 0.5 * p.reference_mean_from_rounded_fp32)
+      << p.mean_from_rounded_fp32 << " vs HF's " << p.reference_mean_from_rounded_fp32;
 }
 
 TEST_F(GPT2, GreedyGenerateMatchesTransformers) {
@@ -222,7 +239,9 @@ TEST_F(GPT2, TrainsWithDropoutOnlyInTrainMode) {
 }
 
 TEST_F(GPT2, BadConfigsAreClearErrors) {
-  EXPECT_ERROR(GPT2Config::from_json_file(dir_ / "none.json"), "cannot open for reading");
+  EXPECT_ERROR(GPT2Config::from_json_file(dir_ / "none.json"),
+               "none.json: cannot open (No such file or directory)");
+  EXPECT_ERROR(GPT2Config::from_json_file(dir_), "is a directory, expected a file");
   EXPECT_ERROR(
       GPT2LMHeadModel::from_pretrained(tiny_with_config([](json& c) { c.erase("n_embd"); })),
       "missing key 'n_embd' (expected a positive integer)");

@@ -18,7 +18,15 @@ TEST(MLPClassifier, LossAndLogitsFollowTheContract) {
   auto y = torch::tensor({0, 2, 1, 1, 0});
   auto out = model->forward({{"pixels", x}, {"labels", y}});
   EXPECT_EQ(out.logits.sizes(), (std::vector<int64_t>{5, 3}));
-  EXPECT_TRUE(torch::allclose(out.loss, torch::nn::functional::cross_entropy(out.logits, y)));
+  // Two hidden ReLU layers and a linear head, from the module's own weights; the loss is
+  // cross-entropy on those logits.
+  const auto params = model->named_parameters();
+  const auto layer = [&](const std::string& name, const at::Tensor& in) {
+    return torch::nn::functional::linear(in, params[name + ".weight"], params[name + ".bias"]);
+  };
+  const auto expected = layer("out", torch::relu(layer("fc2", torch::relu(layer("fc1", x)))));
+  EXPECT_TRUE(torch::allclose(out.logits, expected));
+  EXPECT_TRUE(torch::allclose(out.loss, torch::nn::functional::cross_entropy(expected, y)));
   EXPECT_FALSE(model->forward({{"inputs", x}}).loss.defined());  // no labels, no loss
   {
     mixprec::amp::Autocast autocast(torch::kCPU, torch::kBFloat16);

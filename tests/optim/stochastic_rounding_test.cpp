@@ -42,8 +42,9 @@ TEST(StochasticRounding, ExactValuesAndNonFiniteStayAndOtherDtypesAreAnError) {
   EXPECT_TRUE(torch::equal(stochastic_round_to_bf16(exact).to(torch::kFloat), exact));
   const auto special = torch::tensor({INFINITY, -INFINITY, NAN}).repeat({1000});
   const auto r = stochastic_round_to_bf16(special).to(torch::kFloat);
-  EXPECT_TRUE(torch::equal(r.slice(0, 0, 2), special.slice(0, 0, 2)));
-  EXPECT_TRUE(r.isnan().sum().item<int64_t>() == 1000);
+  EXPECT_TRUE(torch::equal(r.isnan(), special.isnan()));  // every NaN stays one
+  const auto finite_or_inf = special.isinf();
+  EXPECT_TRUE(torch::equal(r.masked_select(finite_or_inf), special.masked_select(finite_or_inf)));
   EXPECT_NE(mixprec::testing::error_of([] {
               stochastic_round_to_bf16(torch::ones({2}, torch::kHalf));
             }).find("expected a float32 tensor, got Half"),

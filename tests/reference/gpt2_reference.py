@@ -100,9 +100,10 @@ def check(stored_dir):
         if sorted(fresh) != sorted(stored) or any(not torch.equal(fresh[k], stored[k])
                                                   for k in fresh):
             problems.append("model.safetensors differs")
-        fresh, stored = (json.load(open(os.path.join(d, "config.json"))) for d in (tmp, stored_dir))
-        if fresh != stored:
-            problems.append("config.json differs")
+        for name in ("config.json", "generation_config.json"):
+            fresh, stored = (json.load(open(os.path.join(d, name))) for d in (tmp, stored_dir))
+            if fresh != stored:
+                problems.append(f"{name} differs")
         fresh, stored = (json.load(open(os.path.join(d, "reference.json")))
                          for d in (tmp, stored_dir))
         found = [mismatch(fresh.pop(key), stored.pop(key), path=f"/{key}", **HALF_TOLERANCE)

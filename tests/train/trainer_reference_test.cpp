@@ -102,11 +102,19 @@ void compare_with_hf(const std::string& name, Tolerance tol) {
   }
   EXPECT_GE(compared, 5 * (4 + 3));  // 5 epochs of a train entry (4 values) and an eval one (3)
 
+  double to_hf = 0, to_hf_fp32 = 0;  // squared distances of all parameters
   for (const auto& param : model->named_parameters()) {
     const auto value = param.value().detach();
     const auto expected = tensor_of(hf.at("params").at(param.key())).reshape(value.sizes());
     EXPECT_TRUE(torch::allclose(value, expected, tol.rtol, tol.rtol))
         << param.key() << ": max diff " << (value - expected).abs().max().item<double>();
+    const auto fp32 = tensor_of(ref.at("cases").at("fp32").at("params").at(param.key()));
+    to_hf += (value - expected).pow(2).sum().item<double>();
+    to_hf_fp32 += (value - fp32.reshape(value.sizes())).pow(2).sum().item<double>();
+  }
+  // The tolerances alone would pass an fp32 run as bf16: it must end nearer HF's own run.
+  if (name != "fp32") {
+    EXPECT_LT(to_hf, to_hf_fp32) << "nearer HF's fp32 run than its " << name;
   }
 }
 

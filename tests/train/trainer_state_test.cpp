@@ -28,7 +28,14 @@ TEST(TrainerState, RoundTripsThroughJson) {
   s.best_model_checkpoint = "out/checkpoint-20";
   s.log_history = {{{"loss", 0.5}, {"step", 10}}, {{"eval_loss", 0.25}, {"step", 20}}};
   const std::string text = s.to_json();
-  EXPECT_EQ(TrainerState::from_json(text, "x").to_json(), text);
+  const auto read = TrainerState::from_json(text, "x");
+  EXPECT_EQ(read.to_json(), text);
+  EXPECT_EQ(read.epoch, 1.5);
+  EXPECT_EQ(read.global_step, 30);
+  EXPECT_EQ(read.train_batch_size, 8);
+  EXPECT_EQ(read.best_metric, 0.25);
+  EXPECT_EQ(read.best_model_checkpoint, "out/checkpoint-20");
+  EXPECT_EQ(read.log_history, s.log_history);
 }
 
 // Known-bad trainer_state.json files: a clear error that names the file and the key.

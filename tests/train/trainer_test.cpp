@@ -330,7 +330,16 @@ TEST_F(TrainerTest, TrainerStateIsReadByTransformers) {
   EXPECT_EQ(read["global_step"], 20);
   EXPECT_DOUBLE_EQ(read["epoch"].get<double>(), 2.0);
   EXPECT_EQ(read["best_metric"].get<double>(), *trainer.state().best_metric);
-  EXPECT_TRUE(read["log_history"].is_array() && !read["log_history"].empty());
+  EXPECT_EQ(read["best_model_checkpoint"], *trainer.state().best_model_checkpoint);
+  // The history as saved with the last checkpoint: what the run had logged by then.
+  const auto& history = trainer.state().log_history;
+  ASSERT_TRUE(read["log_history"].is_array() && !read["log_history"].empty());
+  ASSERT_LE(read["log_history"].size(), history.size());
+  for (size_t i = 0; i < read["log_history"].size(); ++i) {
+    std::map<std::string, double> entry;
+    for (const auto& [key, value] : read["log_history"][i].items()) entry[key] = value;
+    EXPECT_EQ(entry, history[i]) << "entry " << i;
+  }
   // The model file is readable by Python safetensors, with the module's names.
   const auto model_file = mixprec::io::load_safetensors(file.parent_path() / "model.safetensors");
   EXPECT_TRUE(model_file.count("fc1.weight") && model_file.count("norm.weight"));
@@ -465,6 +474,27 @@ TEST_F(TrainerTest, TrainsAgainAndLeavesNothingRegistered) {
   for (const auto& entry : fs::directory_iterator(saved))
     for (const char* prefix : {"model", "optimizer", "scheduler", "custom_checkpoint"})
       EXPECT_FALSE(entry.path().filename().string().starts_with(prefix)) << entry.path();
+}
+
+// fp16_full_eval / bf16_full_eval, outside train(): the whole model evaluates in 16 bits (and
+// stays there, as in HF), its predictions those of the 16-bit model.
+TEST_F(TrainerTest, FullEvalRunsTheModelIn16Bits) {
+  for (const bool fp16 : {true, false}) {
+    const auto dtype = fp16 ? at::kHalf : at::kBFloat16;
+    auto a = args(fp16 ? "full_eval_fp16" : "full_eval_bf16");
+    a.fp16_full_eval = fp16;
+    a.bf16_full_eval = !fp16;
+    torch::manual_seed(0);
+    Classifier model;
+    Trainer trainer(model, a, train_, eval_, accuracy);
+    const auto fp32 =
+        Trainer(model, args("full_eval_fp32"), train_, eval_, accuracy).predict(eval_).predictions;
+    const auto out = trainer.predict(eval_);
+    for (const auto& p : model->parameters()) EXPECT_EQ(p.scalar_type(), dtype);
+    EXPECT_FALSE(torch::equal(out.predictions, fp32));
+    EXPECT_TRUE(torch::allclose(out.predictions, fp32, 0.05, 0.05))
+        << (out.predictions - fp32).abs().max().item<double>();
+  }
 }
 
 TEST_F(TrainerTest, ClearErrors) {

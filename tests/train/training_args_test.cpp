@@ -186,6 +186,9 @@ TEST(TrainingArguments, JsonRoundTripAndHelp) {
   auto args = TrainingArguments::from_json(R"({"fp16": true, "save_total_limit": 3})");
   const auto again = TrainingArguments::from_json(args.to_json());
   EXPECT_EQ(again.to_json(), args.to_json());
+  EXPECT_TRUE(again.fp16);
+  EXPECT_EQ(again.save_total_limit, 3);
+  EXPECT_EQ(again.learning_rate, 5e-5);  // a default, written and read back
   const std::string help = TrainingArguments::help();
   EXPECT_NE(help.find("--learning_rate  a number (default: 5e-05)"), std::string::npos) << help;
   EXPECT_NE(help.find("--save_total_limit  an integer or null (default: null)"), std::string::npos);
