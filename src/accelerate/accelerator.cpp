@@ -153,11 +153,8 @@ PreparedDataLoader::Iterator& PreparedDataLoader::Iterator::operator++() {
 // state whether it is the last one.
 void PreparedDataLoader::Iterator::load() {
   auto& state = owner_->shared_->gradient_state;
-  if (it_ == owner_->loader_->end()) {
-    batch_.clear();
-    return;
-  }
   batch_.clear();
+  if (it_ == owner_->loader_->end()) return;
   for (const auto& [key, t] : *it_) batch_[key] = t.to(owner_->shared_->device);
   const auto position = owner_->loader_->state().batches_yielded;
   state.end_of_dataloader = position == static_cast<int64_t>(owner_->loader_->size());
@@ -397,22 +394,28 @@ void Accelerator::unscale_gradients() {
   for (auto& [optimizer, flags] : shared_->optimizers) shared_->unscale(*optimizer, *flags);
 }
 
+namespace {
+
+// What both clips do first: the gradients must be whole and still there, then unscaled.
+void prepare_to_clip(Accelerator& accelerator, const std::vector<at::Tensor>& parameters,
+                     const char* caller) {
+  TORCH_CHECK(accelerator.sync_gradients(), caller,
+              " on a gradient accumulation step: the gradients are not complete yet. Clip when "
+              "accelerator.sync_gradients() is true.");
+  optim::check_not_updated_in_backward(parameters, caller, kGradientGone);
+  accelerator.unscale_gradients();
+}
+
+}  // namespace
+
 double Accelerator::clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm,
                                     double norm_type) {
-  TORCH_CHECK(sync_gradients(),
-              "Accelerator::clip_grad_norm_ on a gradient accumulation step: the gradients are "
-              "not complete yet. Clip when accelerator.sync_gradients() is true.");
-  optim::check_not_updated_in_backward(parameters, "Accelerator::clip_grad_norm_", kGradientGone);
-  unscale_gradients();
+  prepare_to_clip(*this, parameters, "Accelerator::clip_grad_norm_");
   return optim::clip_grad_norm_(parameters, max_norm, norm_type);
 }
 
 void Accelerator::clip_grad_value_(const std::vector<at::Tensor>& parameters, double clip_value) {
-  TORCH_CHECK(sync_gradients(),
-              "Accelerator::clip_grad_value_ on a gradient accumulation step: the gradients are "
-              "not complete yet. Clip when accelerator.sync_gradients() is true.");
-  optim::check_not_updated_in_backward(parameters, "Accelerator::clip_grad_value_", kGradientGone);
-  unscale_gradients();
+  prepare_to_clip(*this, parameters, "Accelerator::clip_grad_value_");
   torch::nn::utils::clip_grad_value_(parameters, clip_value);
 }
 

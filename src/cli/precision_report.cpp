@@ -64,14 +64,6 @@ struct Run {
   std::string error;        // why the run stopped early, if it did
 };
 
-std::string power_of_two(double x) {
-  if (x > 0 && std::isfinite(x) && std::ldexp(1.0, std::ilogb(x)) == x)
-    return "2^" + std::to_string(std::ilogb(x));
-  std::ostringstream s;
-  s << x;
-  return s.str();
-}
-
 std::string fixed(double x, int digits = 4) {
   if (std::isnan(x)) return "–";
   char buf[64];
@@ -311,7 +303,7 @@ std::pair<std::string, std::string> write_report(const Command& c, const ReportA
      << "`: the largest power of two that keeps the largest gradient the fp32 run saw below 2^15 "
         "(half of fp16's range, room to grow before an overflow).";
   if (fp16 && !fp16->scales.empty())
-    md << " The fp16 run's dynamic scale ended at " << power_of_two(fp16->scales.back().scale)
+    md << " The fp16 run's dynamic scale ended at " << log::power_of_two(fp16->scales.back().scale)
        << ".";
   md << "\n\n## Runs\n\n"
      << "| precision | final loss | vs fp32 | eval loss | samples/s | skipped steps | loss scale "
@@ -326,8 +318,9 @@ std::pair<std::string, std::string> write_report(const Command& c, const ReportA
        << (&run == &fp32 ? "–" : rel) << " | " << fixed(run.eval_loss) << " | "
        << fixed(run.samples_per_second, run.samples_per_second >= 1000 ? 6 : 3) << " | "
        << (run.precision == "fp16" ? std::to_string(skipped) : "–") << " | "
-       << (run.precision == "fp16" && !run.scales.empty() ? power_of_two(run.scales.back().scale)
-                                                          : "–")
+       << (run.precision == "fp16" && !run.scales.empty()
+               ? log::power_of_two(run.scales.back().scale)
+               : "–")
        << " | " << mebibytes(run.state_bytes) << " |\n";
   }
   for (const auto& run : runs)

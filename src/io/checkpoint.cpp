@@ -3,15 +3,15 @@
 #include "mixprec/log/tracker.h"
 #include "mixprec/optim/adamw.h"
 
+#include "io/fsync.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
 #include <c10/util/Exception.h>
-#include <fcntl.h>
 #include <torch/optim/adam.h>
 #include <torch/optim/adamw.h>
 #include <torch/optim/sgd.h>
-#include <unistd.h>
 #include <nlohmann/json.hpp>
 
 #include <cmath>
@@ -25,12 +25,7 @@ namespace {
 
 using json = nlohmann::json;
 
-void fsync_dir(const std::filesystem::path& dir) {
-  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
+using detail::fsync_dir;
 
 std::string hex(uint32_t v) {
   char buf[9];

@@ -1,5 +1,7 @@
 #include "mixprec/io/safetensors.h"
 
+#include "io/fsync.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fcntl.h>
@@ -44,13 +46,6 @@ const char* dtype_name(at::ScalarType type, const std::string& where) {
   TORCH_CHECK(false, where, ": dtype ", type, " cannot be stored in safetensors");
 }
 
-void fsync_path(const std::filesystem::path& path, int flags) {
-  const int fd = ::open(path.c_str(), flags);
-  if (fd < 0) return;
-  ::fsync(fd);
-  ::close(fd);
-}
-
 }  // namespace
 
 std::string read_file(const std::filesystem::path& path) {
@@ -88,7 +83,7 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
   }
   std::filesystem::rename(tmp, path);
   // The rename itself is durable once the folder is synced.
-  fsync_path(path.has_parent_path() ? path.parent_path() : ".", O_RDONLY | O_DIRECTORY);
+  detail::fsync_dir(path.has_parent_path() ? path.parent_path() : ".");
 }
 
 TensorMap load_safetensors(const std::filesystem::path& path,

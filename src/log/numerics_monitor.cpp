@@ -86,6 +86,15 @@ bool watched(const char* name) {
   return ops.contains(name);
 }
 
+std::string percent(double fraction) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), fraction < 0.001 && fraction > 0 ? "%.2g%%" : "%.1f%%",
+                100 * fraction);
+  return buf;
+}
+
+}  // namespace
+
 std::string power_of_two(double x) {
   if (x > 0 && std::isfinite(x)) {
     const int e = std::ilogb(x);
@@ -95,15 +104,6 @@ std::string power_of_two(double x) {
   std::snprintf(buf, sizeof(buf), "%g", x);
   return buf;
 }
-
-std::string percent(double fraction) {
-  char buf[32];
-  std::snprintf(buf, sizeof(buf), fraction < 0.001 && fraction > 0 ? "%.2g%%" : "%.1f%%",
-                100 * fraction);
-  return buf;
-}
-
-}  // namespace
 
 // The activations one monitor saw in the steps it inspects.
 struct detail::ActivationWatch {

@@ -52,6 +52,9 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     RECORD_FUNCTION("mixprec::cross_entropy_backward", std::vector<c10::IValue>());
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "mixprec::models::cross_entropy is differentiable once: its backward does not "
+                "record a graph (create_graph=true)");
     const auto saved = ctx->get_saved_variables();
     const auto& logits = saved[0];
     const double count = static_cast<double>(ctx->saved_data["count"].toInt());

@@ -44,6 +44,9 @@ struct GeluTanh : torch::autograd::Function<GeluTanh> {
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
                                                  torch::autograd::variable_list grad_outputs) {
     RECORD_FUNCTION("mixprec::gelu_tanh_backward", std::vector<c10::IValue>());
+    TORCH_CHECK(!at::GradMode::is_enabled(),
+                "mixprec::models::gelu_tanh is differentiable once: its backward does not "
+                "record a graph (create_graph=true)");
     const auto x = ctx->get_saved_variables()[0];
     const auto dy = grad_outputs[0].contiguous();
     auto dx = at::empty_like(x, at::MemoryFormat::Contiguous);

@@ -164,6 +164,19 @@ TEST(CrossEntropy, NonContiguousLogits) {
   EXPECT_TRUE(torch::allclose(grad, ref_grad, 1e-5, 1e-7));
 }
 
+// The kernels' backward records no graph: a gradient of the gradient is an error, not a
+// silent zero (LibTorch's ops, elsewhere, give one).
+TEST(CrossEntropy, KernelsAreDifferentiableOnce) {
+  auto logits = torch::randn({4, 7}).requires_grad_();
+  const auto loss = cross_entropy(logits, torch::tensor({3, 0, 6, 3}, torch::kLong));
+  const auto error = mixprec::testing::error_of([&] {
+    torch::autograd::grad({loss}, {logits}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+  });
+  if (mixprec::kernels::cpu_isa() != mixprec::kernels::Isa::kNone) {
+    EXPECT_NE(error.find("cross_entropy is differentiable once"), std::string::npos) << error;
+  }
+}
+
 TEST(CrossEntropy, AnotherIgnoreIndexAndAllIgnored) {
   auto logits = torch::randn({4, 7}, torch::kDouble);
   auto targets = torch::tensor({3, 0, 6, 3}, torch::kLong);

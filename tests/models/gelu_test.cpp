@@ -9,6 +9,7 @@
 
 #include "models/kernel_builds.h"
 #include "models/kernels/gelu_tanh.h"
+#include "test_util.h"
 
 namespace {
 
@@ -104,6 +105,17 @@ TEST(GeluTanh, GradientsMatchLibTorchsOnStridedInputs) {
     EXPECT_TRUE(
         torch::allclose(x.grad().to(torch::kDouble), ref.grad().to(torch::kDouble), tol, 4 * tol))
         << what;
+  }
+  // Its kernel's backward records no graph: a gradient of the gradient is an error, not a
+  // silent zero.
+  if (std::string(mixprec::models::gelu_tanh_cpu_kernel()) != "libtorch") {
+    auto leaf = torch::randn({4, 8}).requires_grad_();
+    const auto y = gelu_tanh(leaf).sum();
+    EXPECT_NE(mixprec::testing::error_of([&] {
+                torch::autograd::grad({y}, {leaf}, {}, /*retain_graph=*/true,
+                                      /*create_graph=*/true);
+              }).find("gelu_tanh is differentiable once"),
+              std::string::npos);
   }
   // A broadcast gradient (of a sum) is not contiguous either.
   auto x = torch::randn({5, 3}).requires_grad_();

@@ -139,4 +139,7 @@ class NumericsMonitor {
   std::vector<ScalePoint> scale_history_;
 };
 
+/// A loss scale as the summaries print it: "2^k" when it is a power of two, else as %g.
+std::string power_of_two(double x);
+
 }  // namespace mixprec::log
