@@ -63,8 +63,12 @@ TEST_F(MixprecCommand, HelpListsEveryArgumentWithItsDefault) {
   const std::string help = run("train --help", &code);
   EXPECT_EQ(code, 0);
   const json training_args = json::parse(mixprec::TrainingArguments().to_json());
-  for (const auto& [name, value] : training_args.items())
-    EXPECT_NE(help.find("--" + name + "  "), std::string::npos) << name;
+  for (const auto& [name, value] : training_args.items()) {  // "--name  <type> (default: <json>)"
+    const auto at = help.find("\n  --" + name + "  ");
+    ASSERT_NE(at, std::string::npos) << name;
+    const std::string line = help.substr(at + 1, help.find('\n', at + 1) - at - 1);
+    EXPECT_NE(line.find("(default: " + value.dump() + ")"), std::string::npos) << line;
+  }
   for (const char* line :
        {"--model_type  a string (default: \"gpt2\")", "--model_name_or_path  a string or null",
         "--train_file  a string or null (default: null)",

@@ -510,6 +510,16 @@ TEST_F(TrainerTest, ClearErrors) {
   Trainer again(model, a, train_);
   EXPECT_NE(mixprec::testing::error_of([&] { again.train(); }).find("already holds checkpoints"),
             std::string::npos);
+  // overwrite_output_dir: the new run replaces the checkpoints of the same steps.
+  a.overwrite_output_dir = true;
+  a.learning_rate *= 2;  // another run, other weights
+  Trainer overwriting(model, a, train_);
+  overwriting.train();
+  const auto last = fs::path(a.output_dir) / "checkpoint-40";
+  const auto saved = mixprec::io::load_safetensors(last / "model.safetensors");
+  EXPECT_TRUE(torch::equal(saved.at("fc2.weight"), model->fc2->weight.detach()));
+  EXPECT_EQ(json::parse(std::ifstream(last / "training_args.json"))["learning_rate"],
+            a.learning_rate);
 }
 
 // TrainingArguments::activation_checkpointing (HF's gradient_checkpointing): the same losses on
