@@ -337,15 +337,6 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                 ". The last good checkpoint is ", last ? last->string() : std::string("none"),
                 ". Lower the learning rate or check the model and the data.");
   };
-  auto log = [&](Metrics logs) {
-    logs["epoch"] = state_.epoch;
-    Metrics entry = logs;
-    entry["step"] = static_cast<double>(state_.global_step);
-    state_.log_history.push_back(entry);
-    acc.log(logs, state_.global_step);
-    impl.call(args_, state_,
-              [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_log(a, s, c, logs); });
-  };
   auto maybe_log_save_evaluate = [&] {
     if (impl.control.should_log && state_.global_step > last_logged_step) {
       const double loss = acc.reduce(loss_since_log, "mean").item<double>() /
@@ -552,6 +543,16 @@ void Trainer::save_checkpoint() {
   for (int64_t i = 0; i < excess; ++i) fs::remove_all(checkpoints[static_cast<size_t>(i)].second);
 }
 
+void Trainer::log(Metrics logs) {
+  logs["epoch"] = state_.epoch;
+  Metrics entry = logs;
+  entry["step"] = static_cast<double>(state_.global_step);
+  state_.log_history.push_back(entry);
+  accelerator_->log(logs, state_.global_step);
+  impl_->call(args_, state_,
+              [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_log(a, s, c, logs); });
+}
+
 Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
   if (!eval_dataset) eval_dataset = impl_->eval_dataset;
   TORCH_CHECK(eval_dataset, "Trainer::evaluate: no eval_dataset");
@@ -559,14 +560,7 @@ Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
   Metrics metrics;
   for (const auto& [key, value] : out.metrics)
     metrics["eval_" + key.substr(5)] = value;  // test_ -> eval_
-  Metrics logged = metrics;
-  logged["epoch"] = state_.epoch;
-  Metrics entry = logged;
-  entry["step"] = static_cast<double>(state_.global_step);
-  state_.log_history.push_back(entry);
-  accelerator_->log(metrics, state_.global_step);
-  impl_->call(args_, state_,
-              [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_log(a, s, c, logged); });
+  log(metrics);
   impl_->call(args_, state_,
               [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_evaluate(a, s, c, metrics); });
   return metrics;

@@ -137,6 +137,11 @@ TEST_P(GradScalerReference, ReplaysPyTorchTrace) {
     EXPECT_EQ(scaler->get_scale(), expected["scale"].get<double>());
     EXPECT_EQ(scaler->get_growth_tracker(), expected["growth_tracker"].get<int64_t>());
 
+    if (sc.contains("set_after") && sc["set_after"]["step"].get<size_t>() == step) {
+      scaler->set_growth_factor(sc["set_after"]["growth_factor"].get<double>());
+      scaler->set_backoff_factor(sc["set_after"]["backoff_factor"].get<double>());
+      scaler->set_growth_interval(sc["set_after"]["growth_interval"].get<int64_t>());
+    }
     if (sc.contains("roundtrip_after") && sc["roundtrip_after"].get<size_t>() == step) {
       auto state = scaler->state_dict();
       scaler =

@@ -65,6 +65,13 @@ SCENARIOS = [
      "optimizers": [{"type": "sgd", "params": ["w1", "b1", "w2", "b2"], "lr": 0.1}],
      "new_scale": {"step": 3, "value": 8.0},
      "inject": []},
+    # The setters after step 3, where the tracker (4) is past the new interval (2): no growth
+    # until the backoff at step 6 resets it, then x3 after 2 clean steps.
+    {"name": "setters", "steps": 10,
+     "scaler": {"init_scale": 64.0, "growth_interval": 5},
+     "optimizers": [{"type": "sgd", "params": ["w1", "b1", "w2", "b2"], "lr": 0.1}],
+     "set_after": {"step": 3, "growth_factor": 3.0, "backoff_factor": 0.25, "growth_interval": 2},
+     "inject": [{"step": 6, "param": "w1", "value": "inf"}]},
 ]
 
 INJECT = {"inf": math.inf, "-inf": -math.inf, "nan": math.nan}
@@ -115,6 +122,11 @@ def run(scenario, seed):
             opt.zero_grad()
         trace.append({"loss": loss.item(), "scale_used": scale_used, "stepped": stepped,
                       "scale": scaler.get_scale(), "growth_tracker": scaler._get_growth_tracker()})
+        setters = scenario.get("set_after")
+        if setters and setters["step"] == step:
+            scaler.set_growth_factor(setters["growth_factor"])
+            scaler.set_backoff_factor(setters["backoff_factor"])
+            scaler.set_growth_interval(setters["growth_interval"])
         if scenario.get("roundtrip_after") == step:
             state = scaler.state_dict()
             scaler = torch.amp.GradScaler("cpu", init_scale=1.0, growth_interval=7)

@@ -85,6 +85,35 @@ def cases(tok):
     return out
 
 
+# unk_token, ignore_merges and use_regex on a vocab small enough to follow by hand.
+SMALL_VOCAB_CASES = [(False, True, "ca abc ab dd"), (True, True, "ca abc ab dd"),
+                     (False, False, "abc ab")]
+
+
+def small_vocab_json(ignore_merges=False, use_regex=True):
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True,
+                  "use_regex": use_regex}
+    return {"version": "1.0", "truncation": None, "padding": None, "added_tokens": [],
+            "normalizer": None, "pre_tokenizer": byte_level, "post_processor": None,
+            "decoder": dict(byte_level, use_regex=True),
+            "model": {"type": "BPE", "dropout": None, "unk_token": "<unk>",
+                      "continuing_subword_prefix": None, "end_of_word_suffix": None,
+                      "fuse_unk": False, "byte_fallback": False, "ignore_merges": ignore_merges,
+                      "vocab": {"a": 0, "b": 1, "c": 2, "ab": 3, "bc": 4, "abc": 5, "\u0120": 6,
+                                "<unk>": 7, "ca": 8},
+                      "merges": [["b", "c"], ["a", "bc"], ["a", "b"]]}}
+
+
+def small_vocab():
+    cases = [{"ignore_merges": im, "use_regex": ur, "text": text,
+              "ids": Tokenizer.from_str(json.dumps(small_vocab_json(im, ur))).encode(text).ids}
+             for im, ur, text in SMALL_VOCAB_CASES]
+    decoded = Tokenizer.from_str(json.dumps(small_vocab_json())).decode(
+        [6, 7, 8], skip_special_tokens=False)
+    return {"tokenizer": small_vocab_json(), "cases": cases,
+            "decode": {"ids": [6, 7, 8], "text": decoded}}
+
+
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("dir", nargs="?", default=os.path.join(os.path.dirname(__file__), "data"))
@@ -96,6 +125,7 @@ def main():
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
     result["cases_add_prefix_space"] = [
         {"text": t, "ids": tok.encode(t, add_special_tokens=False).ids} for t in HELD_OUT]
+    result["small_vocab"] = small_vocab()
     files["tokenizer_cases.json"] = json.dumps(result, indent=1, ensure_ascii=False) + "\n"
     stale = False
     for name, text in files.items():

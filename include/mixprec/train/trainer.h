@@ -110,6 +110,9 @@ class Trainer {
   PredictionOutput predict(data::DatasetPtr test_dataset);
 
   void add_callback(std::shared_ptr<TrainerCallback> callback);
+  /// HF's Trainer.log: `logs` plus the epoch go to the trackers and the callbacks' on_log,
+  /// and into state().log_history with the step.
+  void log(Metrics logs);
 
   const TrainingArguments& args() const { return args_; }
   const TrainerState& state() const { return state_; }
