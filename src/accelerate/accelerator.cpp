@@ -168,10 +168,6 @@ void Accelerator::register_for_checkpointing(Checkpointable& object) {
 
 namespace {
 
-// Why clipping cannot run on a parameter updated in the backward.
-constexpr const char* kGradientGone =
-    "which applies and frees its gradient before clipping can see it";
-
 // The n-th file of a kind: "model.safetensors", "model_1.safetensors", ... as Accelerate names
 // them.
 std::string nth(const std::string& stem, size_t n, const std::string& extension) {
@@ -402,7 +398,7 @@ void prepare_to_clip(Accelerator& accelerator, const std::vector<at::Tensor>& pa
   TORCH_CHECK(accelerator.sync_gradients(), caller,
               " on a gradient accumulation step: the gradients are not complete yet. Clip when "
               "accelerator.sync_gradients() is true.");
-  optim::check_not_updated_in_backward(parameters, caller, kGradientGone);
+  optim::check_not_updated_in_backward(parameters, caller, optim::kClippingNeedsTheGradient);
   accelerator.unscale_gradients();
 }
 

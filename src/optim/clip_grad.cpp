@@ -64,8 +64,7 @@ std::optional<double> clip_fp32_cpu(const std::vector<at::Tensor>& grads, double
 
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
-  check_not_updated_in_backward(parameters, "clip_grad_norm_",
-                                "which applies and frees its gradient before clipping can see it");
+  check_not_updated_in_backward(parameters, "clip_grad_norm_", kClippingNeedsTheGradient);
   std::vector<at::Tensor> grads;
   for (const auto& p : parameters)
     if (p.grad().defined()) grads.push_back(p.grad());

@@ -65,6 +65,9 @@ bool updated_in_backward(const at::Tensor& parameter);
 /// one pointer test per parameter: the Accelerator and the GradScaler call it every step.
 void check_not_updated_in_backward(const std::vector<at::Tensor>& parameters, std::string_view user,
                                    std::string_view why);
+/// The `why` of every clip's check.
+inline constexpr std::string_view kClippingNeedsTheGradient =
+    "which applies and frees its gradient before clipping can see it";
 /// The same for every parameter of `optimizer`, numbered across its groups, or of `module`.
 void check_not_updated_in_backward(const torch::optim::Optimizer& optimizer, std::string_view user,
                                    std::string_view why);
