@@ -126,16 +126,18 @@ struct Trainer::Impl {
   TrainerControl control;
   bool in_train = false;
 
-  // The batch on `device`. A model whose parameters are 16-bit (pure bf16,
-  // *_full_eval) gets its floating inputs in that dtype, as HF's
-  // _prepare_input does for DeepSpeed.
-  data::Batch to_device(const data::Batch& batch, const c10::Device& device) const {
-    std::optional<at::ScalarType> dtype;
+  // The dtype of the first 16-bit parameter, if any. A model whose parameters
+  // are 16-bit (pure bf16, *_full_eval) gets its floating inputs in that dtype,
+  // as HF's _prepare_input does for DeepSpeed. Looked up once per loop: the
+  // parameters' dtypes do not change inside one.
+  std::optional<at::ScalarType> sixteen_bit_dtype() const {
     for (const auto& p : module->parameters())
-      if (p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16) {
-        dtype = p.scalar_type();
-        break;
-      }
+      if (p.scalar_type() == at::kHalf || p.scalar_type() == at::kBFloat16) return p.scalar_type();
+    return std::nullopt;
+  }
+
+  static data::Batch to_device(const data::Batch& batch, const c10::Device& device,
+                               std::optional<at::ScalarType> dtype) {
     data::Batch moved;
     for (const auto& [key, t] : batch)
       moved[key] = dtype && t.is_floating_point() ? t.to(device, *dtype) : t.to(device);
@@ -257,6 +259,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                                  : static_cast<int64_t>(std::ceil(args_.num_train_epochs));
 
   // The optimizer and schedule of args, on the trained parameters.
+  const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
   auto [decay, no_decay] = split_decay(*impl.module);
   std::vector<torch::optim::OptimizerParamGroup> groups;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
@@ -271,9 +274,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     // A model whose parameters are bf16 trains pure bf16 (no fp32 master copy):
     // its updates are rounded stochastically, so those below half a bf16 ulp
     // still count on average (round-to-nearest would drop them).
-    const bool pure_bf16 = std::ranges::any_of(impl.module->parameters(), [](const at::Tensor& p) {
-      return p.scalar_type() == at::kBFloat16;
-    });
+    const bool pure_bf16 = input_dtype == at::kBFloat16;
     auto options = optim::AdamWOptions(args_.learning_rate)
                        .betas({args_.adam_beta1, args_.adam_beta2})
                        .eps(args_.adam_epsilon)
@@ -390,7 +391,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       // The last batches of an epoch that do not fill an accumulation window still update.
       acc.gradient_state().end_of_dataloader = step_in_epoch + 1 == batches_per_epoch;
       auto guard = acc.accumulate();
-      const data::Batch on_device = impl.to_device(batch, acc.device());
+      const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype);
       impl.module->train();
       const models::ModelOutput out = prepared.run([&] { return impl.forward(on_device); });
       TORCH_CHECK(out.loss.defined(),
@@ -573,6 +574,7 @@ PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
   // As HF: outside train(), *_full_eval runs the whole model in 16 bits.
   if (!impl.in_train && (args_.fp16_full_eval || args_.bf16_full_eval))
     impl.module->to(args_.fp16_full_eval ? at::kHalf : at::kBFloat16);
+  const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
   data::DataLoader loader(test_dataset,
                           {.batch_size = static_cast<size_t>(args_.per_device_eval_batch_size),
                            .drop_last = args_.dataloader_drop_last,
@@ -588,7 +590,7 @@ PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
   int64_t samples = 0, batches = 0;
   const size_t last = loader.size() - 1;
   for (const data::Batch& batch : loader) {
-    const data::Batch on_device = impl.to_device(batch, acc.device());
+    const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype);
     models::ModelOutput out;
     {
       auto autocast = acc.autocast();
