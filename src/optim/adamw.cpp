@@ -218,6 +218,10 @@ void AdamW::fused_step(torch::optim::OptimizerParamGroup& group) {
                       o.lr(), beta1, beta2, o.weight_decay(), o.eps(), o.amsgrad(), o.maximize(),
                       grad_scale, found_inf);
     if (found_inf) at::_foreach_sub_(b.steps, std::vector<at::Tensor>(b.steps.size(), *found_inf));
+    // The fused kernel leaves the parameters' version counters as they were (torch 2.13), as if
+    // nothing had written them: what keys on the version (autograd's check of saved tensors,
+    // the fp16 up-cast cache) would take the old values. The unfused step's ops bump them.
+    for (auto& p : b.params) p.unsafeGetTensorImpl()->bump_version();
   }
 }
 

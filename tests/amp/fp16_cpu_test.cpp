@@ -2,6 +2,7 @@
 // reference computed from the same fp16 inputs and rounded to fp16.
 #include "mixprec/amp/fp16_cpu.h"
 #include "mixprec/amp/autocast.h"
+#include "mixprec/optim/adamw.h"
 
 #include <ATen/ops/addbmm_cpu_dispatch.h>
 #include <ATen/ops/addmm_cpu_dispatch.h>
@@ -255,6 +256,19 @@ TEST_F(Fp16CpuTest, UpcastCopiesNeverServeStaleValues) {
       << "other rows";
   EXPECT_TRUE(torch::equal(at::mm(big.narrow(0, 0, 20), w), fast(big.narrow(0, 0, 20), w)))
       << "fewer rows at the same offset";
+}
+
+TEST_F(Fp16CpuTest, UpcastCopiesSeeAFusedAdamWStep) {
+  auto w = half_randn({24, 16}).requires_grad_();
+  auto x = half_randn({40, 24});
+  mixprec::optim::AdamW optimizer({w}, mixprec::optim::AdamWOptions(0.1).fused(true));
+  const auto before = at::mm(x, w).detach();  // leaves fp32 copies of x and w behind
+  w.mutable_grad() = torch::ones_like(w);
+  optimizer.step();
+  at::NoGradGuard no_grad;
+  const auto after = at::mm(x, w);
+  EXPECT_TRUE(torch::equal(after, at::cpu::mm(x.to(at::kFloat), w.to(at::kFloat)).to(at::kHalf)));
+  EXPECT_FALSE(torch::equal(after, before));
 }
 
 TEST_F(Fp16CpuTest, OtherDtypesAreUntouched) {

@@ -8,8 +8,10 @@
 namespace mixprec::amp {
 
 /// RAII twin of `torch.autocast`: ops inside the scope run in `dtype` where
-/// LibTorch's autocast policy says so (matmuls and convolutions in 16 bits,
-/// reductions, softmax and losses in fp32).
+/// LibTorch's autocast policy says so (the same op lists as PyTorch's: matmuls
+/// and convolutions in 16 bits; losses and a few ops such as `prod` in fp32; on
+/// CPU, softmax, layer_norm and sums keep their input's dtype, on CUDA they run
+/// in fp32).
 ///
 /// ```
 /// {
