@@ -60,8 +60,14 @@ Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<
   TORCH_CHECK(options.gradient_accumulation_steps >= 1,
               "Accelerator: gradient_accumulation_steps must be >= 1, got ",
               options.gradient_accumulation_steps);
-  shared_->device = (!options.cpu && torch::cuda::is_available()) ? c10::Device(c10::kCUDA, 0)
-                                                                  : c10::Device(c10::kCPU);
+  shared_->group = dist::ProcessGroup::from_environment();
+  // One GPU per process of a machine, as Accelerate's cuda:{local_process_index}.
+  shared_->device =
+      (!options.cpu && torch::cuda::is_available())
+          ? c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(
+                                        (shared_->group ? shared_->group->local_rank() : 0) %
+                                        torch::cuda::device_count()))
+          : c10::Device(c10::kCPU);
   if (mp == "fp16") {
     shared_->autocast_dtype = c10::kHalf;
     // fp16 without loss scaling loses small gradients: the scaler is always on.
@@ -72,7 +78,6 @@ Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<
     shared_->autocast_dtype = c10::kBFloat16;
   }
   shared_->gradient_state.num_steps = options.gradient_accumulation_steps;
-  shared_->group = dist::ProcessGroup::from_environment();
   shared_->options = std::move(options);
   if (shared_->device.is_cpu()) keep_freed_memory_for_reuse();
 }
@@ -118,6 +123,11 @@ PreparedDataLoader Accelerator::prepare_data_loader(data::DatasetPtr dataset,
                 options.batch_size, " for ", options.num_replicas, " processes");
     options.batch_size /= options.num_replicas;
   }
+  if (options.shuffle && !options.seed) {
+    auto seed = at::empty({}, at::kLong).random_();  // from torch's default generator
+    if (shared_->group) shared_->group->broadcast_(seed);
+    options.seed = static_cast<uint64_t>(seed.item<int64_t>());
+  }
   auto loader = std::make_shared<data::DataLoader>(std::move(dataset), options, std::move(collate));
   shared_->loaders.push_back(loader);
   return PreparedDataLoader(loader, shared_);
@@ -153,13 +163,18 @@ PreparedDataLoader::Iterator& PreparedDataLoader::Iterator::operator++() {
 // state whether it is the last one.
 void PreparedDataLoader::Iterator::load() {
   auto& state = owner_->shared_->gradient_state;
+  auto& loader = *owner_->loader_;
   batch_.clear();
-  if (it_ == owner_->loader_->end()) return;
+  if (it_ == loader.end()) {  // the pass is over: the next one is the next epoch
+    state.end_of_dataloader = false;
+    state.num_padding_samples = 0;
+    loader.set_epoch(loader.epoch() + 1);
+    return;
+  }
   for (const auto& [key, t] : *it_) batch_[key] = t.to(owner_->shared_->device);
-  const auto position = owner_->loader_->state().batches_yielded;
-  state.end_of_dataloader = position == static_cast<int64_t>(owner_->loader_->size());
-  state.remainder =
-      state.end_of_dataloader ? static_cast<int64_t>(owner_->loader_->num_padding_samples()) : 0;
+  state.end_of_dataloader = loader.state().batches_yielded == static_cast<int64_t>(loader.size());
+  state.num_padding_samples =
+      state.end_of_dataloader ? static_cast<int64_t>(loader.num_padding_samples()) : 0;
 }
 
 void Accelerator::register_for_checkpointing(Checkpointable& object) {
@@ -335,8 +350,15 @@ void AcceleratedScheduler::step() {
     return;
   }
   if (!shared_->gradient_state.sync_gradients) return;
-  for (const auto& [optimizer, flags] : shared_->optimizers)
-    if (flags->step_was_skipped) return;
+  // A scheduler waits for its own optimizer's skipped step; one whose optimizer was not
+  // prepared, for any (Accelerate's rule).
+  const auto own = std::ranges::find(shared_->optimizers, &scheduler_->optimizer(),
+                                     [](const auto& entry) { return entry.first; });
+  if (own != shared_->optimizers.end()
+          ? own->second->step_was_skipped
+          : std::ranges::any_of(shared_->optimizers,
+                                [](const auto& e) { return e.second->step_was_skipped; }))
+    return;
   // Without split_batches each process saw a whole batch: the schedule, made
   // for the number of single-process batches, advances once per process.
   const int64_t steps = shared_->options.split_batches ? 1 : shared_->num_processes();
@@ -345,7 +367,7 @@ void AcceleratedScheduler::step() {
 
 void Accelerator::backward(const at::Tensor& loss) {
   // Dividing by 1 changes nothing, but costs an op and an autograd node a step.
-  const int64_t steps = shared_->options.gradient_accumulation_steps;
+  const int64_t steps = shared_->gradient_state.num_steps;
   // optim::OptimizerInBackward's hooks would update inside this backward: at every micro-batch,
   // and in fp16 with the scaled gradient, before any inf/NaN check. Checked on the models too:
   // with the hooks, the loop has no reason to prepare the optimizer.
@@ -446,7 +468,8 @@ at::Tensor Accelerator::gather(const at::Tensor& tensor) const {
 // together at the end of what is gathered.
 at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) const {
   const auto& state = shared_->gradient_state;
-  const int64_t padding = state.end_of_dataloader ? std::max<int64_t>(state.remainder, 0) : 0;
+  const int64_t padding = state.end_of_dataloader ? state.num_padding_samples : 0;
+  if (tensor.dim() == 0) return gather(tensor);  // a value per process: no sample to drop
   if (!shared_->group) return padding > 0 ? tensor.slice(0, 0, tensor.size(0) - padding) : tensor;
   const at::Tensor keep = at::arange(tensor.size(0)) < (tensor.size(0) - padding);
   const at::Tensor all_keep = gather(keep.to(at::kByte)).to(at::kBool);
@@ -481,7 +504,6 @@ void Accelerator::free_memory() {
   shared_->models.clear();
   shared_->optimizers.clear();
   shared_->schedulers.clear();
-  shared_->custom_objects.clear();
   shared_->loaders.clear();
   shared_->step = 0;
 }

@@ -58,7 +58,7 @@ struct DataLoader::Iterator::Run {
         batch_size(loader.options_.batch_size),
         indices(distributed_sampler_indices(dataset->size(), loader.options_.num_replicas,
                                             loader.options_.rank, loader.options_.shuffle,
-                                            loader.options_.seed, loader.epoch_,
+                                            loader.options_.seed.value_or(0), loader.epoch_,
                                             loader.options_.drop_last)),
         num_batches(loader.size()),
         next(start),
@@ -183,6 +183,8 @@ DataLoader::~DataLoader() = default;
 
 DataLoader::Iterator DataLoader::begin() {
   ++generation_;
+  if (!resume_) batches_yielded_ = 0;
+  resume_ = false;
   Iterator it;
   it.run_ = std::make_shared<Iterator::Run>(*this, static_cast<size_t>(batches_yielded_));
   it.fetch();
@@ -220,6 +222,7 @@ void DataLoader::load_state(const DataLoaderState& state) {
               " out of range [0, ", size(), "] (batches per epoch on this rank)");
   epoch_ = state.epoch;
   batches_yielded_ = state.batches_yielded;
+  resume_ = true;
 }
 
 }  // namespace mixprec::data

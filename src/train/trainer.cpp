@@ -13,9 +13,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <regex>
+#include <set>
 
 #include <signal.h>
 
@@ -58,24 +61,6 @@ at::Tensor concat_padded(const std::vector<at::Tensor>& parts) {
     padded.push_back(out);
   }
   return at::cat(padded, 0);
-}
-
-// The decayed parameters: all but biases and LayerNorm weights (HF's
-// get_decay_parameter_names).
-std::pair<std::vector<at::Tensor>, std::vector<at::Tensor>> split_decay(torch::nn::Module& module) {
-  std::set<const c10::TensorImpl*> no_decay;
-  for (const auto& item : module.named_modules()) {
-    const bool norm = item.value()->as<torch::nn::LayerNorm>() != nullptr;
-    for (const auto& p : item.value()->named_parameters(/*recurse=*/false))
-      if (norm || p.key().find("bias") != std::string::npos)
-        no_decay.insert(p.value().unsafeGetTensorImpl());
-  }
-  std::vector<at::Tensor> decay, other;
-  for (const auto& p : module.parameters()) {
-    if (!p.requires_grad()) continue;
-    (no_decay.count(p.unsafeGetTensorImpl()) ? other : decay).push_back(p);
-  }
-  return {decay, other};
 }
 
 // SIGINT/SIGTERM while training: remembered, acted on at the next step
@@ -125,6 +110,7 @@ struct Trainer::Impl {
   data::CollateFn collate;
   TrainerControl control;
   bool in_train = false;
+  DataPosition position;  // registered for checkpointing once, by the constructor
 
   // The dtype of the first 16-bit parameter, if any. A model whose parameters
   // are 16-bit (pure bf16, *_full_eval) gets its floating inputs in that dtype,
@@ -176,7 +162,9 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
               args_.eval_strategy, "\" but no eval_dataset was given");
   accelerator_ = std::make_shared<accelerate::Accelerator>(accelerate::AcceleratorOptions{
       .mixed_precision = args_.fp16 ? "fp16" : (args_.bf16 ? "bf16" : "no"),
-      .gradient_accumulation_steps = args_.gradient_accumulation_steps,
+      // As HF's: the Trainer divides each loss by its accumulation window's length itself
+      // (shorter at an epoch's end) and says which micro-steps sync.
+      .gradient_accumulation_steps = 1,
       .cpu = args_.use_cpu,
       // DeepSpeed's min_loss_scale: a run whose gradients overflow even at
       // scale 1 would skip every step from then on; it stops instead.
@@ -188,6 +176,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
                                     .every_n_steps = args_.numerics_monitor_steps})
                               : std::nullopt});
   state_.is_local_process_zero = accelerator_->is_local_main_process();
+  accelerator_->register_for_checkpointing(impl_->position);
   state_.is_world_process_zero = accelerator_->is_main_process();
   impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_init_end(a, s, c); });
 }
@@ -202,8 +191,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   auto& acc = *accelerator_;
   auto& impl = *impl_;
   TORCH_CHECK(impl.train_dataset, "Trainer::train: no train_dataset");
-  // This run's optimizer, schedule and data position live in this call: the accelerator
-  // forgets them when it returns (another train() makes them afresh, as HF's does).
+  // This run's optimizer and schedule live in this call: the accelerator forgets them when it
+  // returns (another train() makes them afresh, as HF's does).
   struct FreeMemory {
     accelerate::Accelerator& acc;
     ~FreeMemory() { acc.free_memory(); }
@@ -260,7 +249,14 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
 
   // The optimizer and schedule of args, on the trained parameters.
   const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
-  auto [decay, no_decay] = split_decay(*impl.module);
+  std::vector<at::Tensor> decay, no_decay;
+  {
+    const auto names = get_decay_parameter_names();
+    const std::set<std::string> decayed(names.begin(), names.end());
+    for (const auto& p : impl.module->named_parameters())
+      if (p.value().requires_grad())
+        (decayed.count(p.key()) ? decay : no_decay).push_back(p.value());
+  }
   std::vector<torch::optim::OptimizerParamGroup> groups;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
   if (args_.optim == "sgd") {
@@ -293,8 +289,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   auto prepared = acc.prepare(impl.module);
   auto accelerated = acc.prepare(*optimizer);
   acc.prepare(schedule);  // for save_state and load_state only: stepped below, as HF's Trainer
-  DataPosition position;
-  acc.register_for_checkpointing(position);
+  auto& position = impl.position;
+  position.state = {};
 
   state_ = TrainerState{};
   state_.max_steps = max_steps;
@@ -310,6 +306,16 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     const auto file = fs::path(*resume_from_checkpoint) / "trainer_state.json";
     state_ = TrainerState::from_json(io::read_file(file), file.string());
     loader.load_state(position.state);
+    if (state_.best_model_checkpoint && !fs::exists(*state_.best_model_checkpoint)) {
+      TORCH_WARN("Trainer: the best checkpoint ", *state_.best_model_checkpoint,
+                 " recorded in the resumed state does not exist anymore; ignoring it for this run");
+      state_.best_model_checkpoint.reset();
+    }
+    // This run's length, as HF's init_training_references (a resumed run may train longer).
+    state_.max_steps = max_steps;
+    state_.num_train_epochs = num_epochs;
+    state_.is_local_process_zero = acc.is_local_main_process();
+    state_.is_world_process_zero = acc.is_main_process();
   }
   acc.init_trackers(args_.run_name.value_or("runs"));
 
@@ -366,8 +372,9 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         TORCH_CHECK(it != metrics.end(), "Trainer: metric_for_best_model '", name,
                     "' is not among the evaluation metrics");
         const bool greater = args_.greater_is_better.value_or(true);
-        if (!state_.best_metric ||
-            (greater ? it->second > *state_.best_metric : it->second < *state_.best_metric)) {
+        // From -inf (+inf) as HF: a NaN never becomes the best.
+        const double best = state_.best_metric.value_or(greater ? -INFINITY : INFINITY);
+        if (greater ? it->second > best : it->second < best) {
           state_.best_metric = it->second;
           state_.best_global_step = state_.global_step;
           if (args_.save_strategy == "best") impl.control.should_save = true;
@@ -389,8 +396,11 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_begin(a, s, c); });
       // The last batches of an epoch that do not fill an accumulation window still update.
-      acc.gradient_state().end_of_dataloader = step_in_epoch + 1 == batches_per_epoch;
-      auto guard = acc.accumulate();
+      const int64_t window_start =
+          step_in_epoch - step_in_epoch % args_.gradient_accumulation_steps;
+      const int64_t window =
+          std::min(args_.gradient_accumulation_steps, batches_per_epoch - window_start);
+      acc.gradient_state().sync_gradients = step_in_epoch + 1 == window_start + window;
       const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype);
       impl.module->train();
       const models::ModelOutput out = prepared.run([&] { return impl.forward(on_device); });
@@ -409,15 +419,23 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         stop_training(c10::str("the loss is ", out.loss.item<double>(), " (",
                                acc.mixed_precision() == "no" ? "fp32" : acc.mixed_precision(),
                                ": no loss scaling to skip it)"));
-      acc.backward(out.loss);
-      const at::Tensor step_loss = out.loss.detach().to(at::kFloat).cpu();
-      loss_since_log.add_(args_.gradient_accumulation_steps == 1
-                              ? step_loss
-                              : step_loss / args_.gradient_accumulation_steps);
+      const at::Tensor loss = window == 1 ? out.loss : out.loss / window;
+      acc.backward(loss);
+      const at::Tensor step_loss = loss.detach().to(at::kFloat).cpu();
+      // As HF's logging_nan_inf_filter: an inf/NaN loss (a skipped fp16 step) counts as the
+      // average of those since the last log.
+      if (args_.logging_nan_inf_filter && !std::isfinite(step_loss.item<float>()))
+        loss_since_log.add_(loss_since_log /
+                            static_cast<double>(1 + state_.global_step - last_logged_step));
+      else
+        loss_since_log.add_(step_loss);
       ++step_in_epoch;
       if (acc.sync_gradients()) {
-        if (args_.max_grad_norm > 0)
-          last_grad_norm = acc.clip_grad_norm_(impl.module->parameters(), args_.max_grad_norm);
+        // Without clipping, the norm is still measured for the logs (HF's _get_grad_norm).
+        last_grad_norm =
+            acc.clip_grad_norm_(impl.module->parameters(),
+                                args_.max_grad_norm > 0 ? args_.max_grad_norm
+                                                        : std::numeric_limits<double>::infinity());
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_pre_optimizer_step(a, s, c); });
         try {
@@ -450,7 +468,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                          state_.global_step % state_.save_steps == 0;
         if (state_.global_step >= max_steps) {
           c.should_training_stop = true;
-          c.should_save |= args_.save_strategy != "no" && args_.save_strategy != "best";
+          // HF's DefaultFlowCallback: a last evaluation and save by "steps" (one by "epoch"
+          // follows at the epoch's end).
+          c.should_evaluate |= args_.eval_strategy == "steps";
+          c.should_save |= args_.save_strategy == "steps";
         }
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_end(a, s, c); });
@@ -474,9 +495,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       }
       if (impl.control.should_epoch_stop || impl.control.should_training_stop) break;
     }
-    acc.gradient_state().end_of_dataloader = false;
     if (stopped_by) break;
-    position.state = {epoch + 1, 0};
+    // Stopped by max_steps before the epoch's end, a resumed run goes on from this step.
+    if (!impl.control.should_training_stop || step_in_epoch == batches_per_epoch)
+      position.state = {epoch + 1, 0};
     auto& c = impl.control;
     c.should_log |= args_.logging_strategy == "epoch";
     c.should_evaluate |= args_.eval_strategy == "epoch";
@@ -487,6 +509,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   }
   progress.close();
   impl.in_train = false;
+  acc.gradient_state().sync_gradients = true;
   if (acc.numerics_monitor() && acc.is_main_process())
     std::fprintf(stderr, "%s", acc.numerics_monitor()->summary().c_str());
 
@@ -494,14 +517,26 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     const auto file = fs::path(*state_.best_model_checkpoint) / "model.safetensors";
     io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
   }
+  // HF's _finalize_training: with save_total_limit 1, only the best checkpoint stays.
+  if (args_.save_total_limit == 1 && state_.best_model_checkpoint && !stopped_by &&
+      acc.is_main_process())
+    for (const auto& [step, dir] : io::checkpoints(args_.output_dir))
+      if (dir != fs::path(*state_.best_model_checkpoint)) fs::remove_all(dir);
   // What was not logged yet counts in the average loss.
   const int64_t unlogged = state_.global_step - last_logged_step;
   if (unlogged > 0) total_loss += acc.reduce(loss_since_log, "mean").item<double>();
   const int64_t trained = state_.global_step - start_step;
   const double runtime = seconds_since(start);
   const double train_loss = trained > 0 ? total_loss / static_cast<double>(trained) : 0.0;
-  const int64_t samples = trained * args_.per_device_train_batch_size *
-                          args_.gradient_accumulation_steps * acc.num_processes();
+  // HF's count: the schedule's samples (the dataset's epochs, or max_steps whole batches),
+  // in the share of its steps run in this call.
+  const double schedule_samples =
+      args_.max_steps > 0
+          ? static_cast<double>(max_steps * args_.per_device_train_batch_size *
+                                args_.gradient_accumulation_steps * acc.num_processes())
+          : static_cast<double>(impl.train_dataset->size()) * args_.num_train_epochs;
+  const double samples =
+      schedule_samples * static_cast<double>(trained) / static_cast<double>(max_steps);
   TrainOutput output{state_.global_step,
                      train_loss,
                      {{"train_runtime", runtime},
@@ -510,6 +545,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                       {"total_flos", state_.total_flos},
                       {"train_loss", train_loss}}};
   output.stopped_by_signal = stopped_by;
+  output.metrics["epoch"] = state_.epoch;  // as HF's log() adds it to the caller's dict
   log(output.metrics);
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_end(a, s, c); });
   acc.end_training();
@@ -525,23 +561,44 @@ void Trainer::save_checkpoint() {
     state_.best_model_checkpoint = dir.string();
   acc.save_state(dir.string(), {{"trainer_state.json", state_.to_json()},
                                 {"training_args.json", args_.to_json()}});
+  if (args_.save_total_limit && acc.is_main_process()) rotate_checkpoints(*args_.save_total_limit);
   impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_save(a, s, c); });
-  if (!args_.save_total_limit || !acc.is_main_process()) return;
-  // Rotation: the oldest go first, never the best one (HF's _rotate_checkpoints).
-  auto checkpoints = io::checkpoints(args_.output_dir);
-  if (state_.best_model_checkpoint) {
-    auto best = std::find_if(checkpoints.begin(), checkpoints.end(), [&](const auto& c) {
-      return c.second == fs::path(*state_.best_model_checkpoint);
-    });
-    if (best != checkpoints.end()) std::rotate(best, best + 1, checkpoints.end());
+}
+
+// HF's rotate_checkpoints: the oldest go first, never the newest (to resume from) nor the best;
+// so at least those two stay.
+void Trainer::rotate_checkpoints(int64_t limit) const {
+  const auto checkpoints = io::checkpoints(args_.output_dir);
+  if (checkpoints.empty()) return;
+  std::set<fs::path> kept{checkpoints.back().second};
+  if (state_.best_model_checkpoint) kept.insert(fs::path(*state_.best_model_checkpoint));
+  auto left = static_cast<int64_t>(checkpoints.size());
+  const auto keep = std::max<int64_t>(limit, static_cast<int64_t>(kept.size()));
+  for (const auto& [step, dir] : checkpoints) {
+    if (left <= keep) break;
+    if (kept.count(dir)) continue;
+    fs::remove_all(dir);
+    --left;
   }
-  int64_t limit = *args_.save_total_limit;
-  // With load_best_model_at_end, keep the best and the last.
-  if (limit == 1 && args_.load_best_model_at_end && state_.best_model_checkpoint &&
-      checkpoints.back().second == fs::path(*state_.best_model_checkpoint))
-    limit = 2;
-  const auto excess = static_cast<int64_t>(checkpoints.size()) - limit;
-  for (int64_t i = 0; i < excess; ++i) fs::remove_all(checkpoints[static_cast<size_t>(i)].second);
+}
+
+std::vector<std::string> Trainer::get_decay_parameter_names() const {
+  static const std::regex no_decay_name(
+      R"(bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.))");
+  std::set<const c10::TensorImpl*> in_layer_norms;
+  for (const auto& item : impl_->module->named_modules())
+    if (item.value()->as<torch::nn::LayerNorm>())
+      for (const auto& p : item.value()->parameters(/*recurse=*/false))
+        in_layer_norms.insert(p.unsafeGetTensorImpl());
+  std::vector<std::string> names;
+  for (const auto& p : impl_->module->named_parameters()) {
+    std::string name = p.key();
+    std::ranges::transform(name, name.begin(), [](unsigned char c) { return std::tolower(c); });
+    if (!in_layer_norms.count(p.value().unsafeGetTensorImpl()) &&
+        !std::regex_search(name, no_decay_name))
+      names.push_back(p.key());
+  }
+  return names;
 }
 
 void Trainer::log(Metrics logs) {
@@ -549,7 +606,14 @@ void Trainer::log(Metrics logs) {
   Metrics entry = logs;
   entry["step"] = static_cast<double>(state_.global_step);
   state_.log_history.push_back(entry);
-  accelerator_->log(logs, state_.global_step);
+  // The trackers' tags as HF's integrations write them (rewrite_logs): eval_x -> eval/x,
+  // test_x -> test/x, anything else x -> train/x.
+  Metrics tagged;
+  for (const auto& [key, value] : logs)
+    tagged[key.starts_with("eval_")   ? "eval/" + key.substr(5)
+           : key.starts_with("test_") ? "test/" + key.substr(5)
+                                      : "train/" + key] = value;
+  accelerator_->log(tagged, state_.global_step);
   impl_->call(args_, state_,
               [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_log(a, s, c, logs); });
 }
@@ -557,10 +621,8 @@ void Trainer::log(Metrics logs) {
 Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
   if (!eval_dataset) eval_dataset = impl_->eval_dataset;
   TORCH_CHECK(eval_dataset, "Trainer::evaluate: no eval_dataset");
-  auto out = predict(eval_dataset);
-  Metrics metrics;
-  for (const auto& [key, value] : out.metrics)
-    metrics["eval_" + key.substr(5)] = value;  // test_ -> eval_
+  Metrics metrics = prediction_loop(eval_dataset, "eval").metrics;
+  metrics["epoch"] = state_.epoch;  // as HF's log() adds it to the caller's dict
   log(metrics);
   impl_->call(args_, state_,
               [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_evaluate(a, s, c, metrics); });
@@ -568,14 +630,24 @@ Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
 }
 
 PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
+  TORCH_CHECK(test_dataset, "Trainer::predict: no dataset");
+  PredictionOutput output = prediction_loop(std::move(test_dataset), "test");
+  if (!impl_->in_train)
+    impl_->call(args_, state_, [&](auto& cb, auto& a, auto& s, auto& c) {
+      cb.on_predict(a, s, c, output.metrics);
+    });
+  return output;
+}
+
+// HF's evaluation_loop: the metrics' names start with `prefix`_.
+PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::string& prefix) {
   auto& acc = *accelerator_;
   auto& impl = *impl_;
-  TORCH_CHECK(test_dataset, "Trainer::predict: no dataset");
   // As HF: outside train(), *_full_eval runs the whole model in 16 bits.
   if (!impl.in_train && (args_.fp16_full_eval || args_.bf16_full_eval))
     impl.module->to(args_.fp16_full_eval ? at::kHalf : at::kBFloat16);
   const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
-  data::DataLoader loader(test_dataset,
+  data::DataLoader loader(std::move(dataset),
                           {.batch_size = static_cast<size_t>(args_.per_device_eval_batch_size),
                            .drop_last = args_.dataloader_drop_last,
                            .num_workers = static_cast<size_t>(args_.dataloader_num_workers),
@@ -585,8 +657,7 @@ PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
   const auto start = std::chrono::steady_clock::now();
   impl.module->eval();
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> logits, labels;
-  double loss_sum = 0;
+  std::vector<at::Tensor> logits, labels, losses;
   int64_t samples = 0, batches = 0;
   const size_t last = loader.size() - 1;
   for (const data::Batch& batch : loader) {
@@ -601,16 +672,12 @@ PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
     const int64_t valid = n - (static_cast<size_t>(batches) == last
                                    ? static_cast<int64_t>(loader.num_padding_samples())
                                    : 0);
-    auto mask = at::arange(n) < valid;
-    if (out.loss.defined()) {
-      // Mean loss per sample, gathered as HF repeats it over the batch.
-      const auto losses = acc.gather(
-          out.loss.detach().to(at::kFloat).cpu().reshape({1}).expand({n}).masked_fill(~mask, NAN));
-      const auto kept = losses.masked_select(~losses.isnan());
-      loss_sum += kept.sum().item<double>();
-      samples += kept.numel();
-    }
-    auto keep = acc.gather(mask.to(at::kByte)).to(at::kBool);
+    const auto keep = acc.gather((at::arange(n) < valid).to(at::kByte)).to(at::kBool);
+    samples += keep.sum().item<int64_t>();
+    if (out.loss.defined())  // the batch's mean loss for each sample, as HF repeats it
+      losses.push_back(
+          acc.gather(out.loss.detach().to(at::kFloat).cpu().reshape({1}).expand({n}).contiguous())
+              .index({keep}));
     if (out.logits.defined())
       logits.push_back(acc.gather(out.logits.detach().to(at::kFloat).cpu()).index({keep}));
     auto label = on_device.find(args_.label_names ? args_.label_names->front() : "labels");
@@ -620,18 +687,20 @@ PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
     ++batches;
   }
   PredictionOutput output{concat_padded(logits), concat_padded(labels), {}};
-  if (samples > 0) output.metrics["test_loss"] = loss_sum / static_cast<double>(samples);
+  if (!losses.empty()) {
+    // As HF: with logging_nan_inf_filter, the finite losses only, if any.
+    at::Tensor all = at::cat(losses).to(at::kDouble);
+    const auto finite = all.isfinite();
+    if (args_.logging_nan_inf_filter && finite.any().item<bool>()) all = all.index({finite});
+    output.metrics[prefix + "_loss"] = all.mean().item<double>();
+  }
   if (impl.compute_metrics && output.predictions.defined() && output.label_ids.defined())
     for (const auto& [key, value] : impl.compute_metrics({output.predictions, output.label_ids}))
-      output.metrics["test_" + key] = value;
+      output.metrics[key.starts_with(prefix + "_") ? key : prefix + "_" + key] = value;
   const double runtime = seconds_since(start);
-  const int64_t n = output.predictions.defined() ? output.predictions.size(0) : samples;
-  output.metrics["test_runtime"] = runtime;
-  output.metrics["test_samples_per_second"] = static_cast<double>(n) / runtime;
-  output.metrics["test_steps_per_second"] = static_cast<double>(batches) / runtime;
-  if (!impl.in_train)
-    impl.call(args_, state_,
-              [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_predict(a, s, c, output.metrics); });
+  output.metrics[prefix + "_runtime"] = runtime;
+  output.metrics[prefix + "_samples_per_second"] = static_cast<double>(samples) / runtime;
+  output.metrics[prefix + "_steps_per_second"] = static_cast<double>(batches) / runtime;
   return output;
 }
 

@@ -41,6 +41,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("logging_strategy", a.logging_strategy),
       argument("logging_steps", a.logging_steps),
       argument("logging_first_step", a.logging_first_step),
+      argument("logging_nan_inf_filter", a.logging_nan_inf_filter),
       argument("save_strategy", a.save_strategy),
       argument("save_steps", a.save_steps),
       argument("save_total_limit", a.save_total_limit),
@@ -146,12 +147,21 @@ void TrainingArguments::validate() {
                 "--load_best_model_at_end requires the save and eval strategy to match, except "
                 "when --save_strategy=\"best\", but found\n- Evaluation strategy: ",
                 eval_strategy, "\n- Save strategy: ", save_strategy);
-    if (eval_strategy == "steps") {
-      const double ratio = save_steps / *eval_steps;
-      TORCH_CHECK(ratio == std::floor(ratio),
+    if (eval_strategy == "steps" && std::fmod(save_steps, *eval_steps) != 0) {
+      // HF's checks, in its order (ratios compared as millionths, so 0.3 is a multiple of 0.1).
+      TORCH_CHECK(*eval_steps < 1 || save_steps < 1,
                   "--load_best_model_at_end requires the saving steps to be a round multiple of "
                   "the evaluation steps, but found ",
                   save_steps, ", which is not a round multiple of ", *eval_steps, ".");
+      TORCH_CHECK(*eval_steps < 1 && save_steps < 1,
+                  "--load_best_model_at_end requires the saving steps to be a multiple of the "
+                  "evaluation steps, which cannot get guaranteed when mixing ratio and absolute "
+                  "steps for save_steps ",
+                  save_steps, " and eval_steps ", *eval_steps, ".");
+      TORCH_CHECK(std::fmod(save_steps * 1e6, *eval_steps * 1e6) == 0,
+                  "--load_best_model_at_end requires the saving steps to be a multiple of the "
+                  "evaluation steps, but found ",
+                  save_steps, ", which is not a multiple of ", *eval_steps, ".");
     }
   }
   if ((load_best_model_at_end || save_strategy == "best") && !metric_for_best_model)

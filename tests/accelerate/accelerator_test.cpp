@@ -347,8 +347,10 @@ TEST(Accelerator, GatherForMetricsDropsThePaddingOfTheLastBatch) {
   auto predictions = torch::arange(8);
   EXPECT_TRUE(torch::equal(accelerator.gather_for_metrics(predictions), predictions));
   accelerator.gradient_state().end_of_dataloader = true;
-  accelerator.gradient_state().remainder = 3;
+  accelerator.gradient_state().num_padding_samples = 3;
   EXPECT_TRUE(torch::equal(accelerator.gather_for_metrics(predictions), torch::arange(5)));
+  const auto scalar = torch::tensor(1.5);  // a value, not samples: nothing to drop
+  EXPECT_TRUE(torch::equal(accelerator.gather_for_metrics(scalar), scalar));
   EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "sum"), predictions));
   EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "mean"), predictions.to(at::kFloat)));
 }
@@ -474,6 +476,100 @@ TEST(Accelerator, PreparedDataLoaderEndsAccumulationAndResumesFromAState) {
   std::vector<int64_t> rest;
   for (const auto& batch : again) rest.push_back(batch.at("x")[0].item<int64_t>());
   EXPECT_EQ(rest, (std::vector<int64_t>{4, 8}));
+  std::filesystem::remove_all(dir);
+}
+
+at::Tensor pass(mixprec::accelerate::PreparedDataLoader& loader) {
+  std::vector<at::Tensor> xs;
+  for (const auto& batch : loader) xs.push_back(batch.at("x"));
+  return torch::cat(xs);
+}
+
+// As Accelerate's prepared loaders: without a seed the shuffle follows set_seed, each pass that
+// ends moves to the next epoch's order, a pass left early is not continued by the next one, and
+// after a loop the gradient state is no longer at the end of a loader.
+TEST(Accelerator, PreparedLoaderShufflesBySetSeedAndEpoch) {
+  const mixprec::data::DataLoaderOptions shuffled{.batch_size = 4, .shuffle = true};
+  mixprec::accelerate::set_seed(1);
+  Accelerator accelerator;
+  auto loader = accelerator.prepare_data_loader(numbers(16), shuffled);
+  const auto first = pass(loader), second = pass(loader);
+  EXPECT_TRUE(torch::equal(std::get<0>(first.sort()), torch::arange(16)));
+  EXPECT_TRUE(torch::equal(std::get<0>(second.sort()), torch::arange(16)));
+  EXPECT_FALSE(torch::equal(first, second)) << "the second epoch in the first one's order";
+  EXPECT_FALSE(accelerator.gradient_state().end_of_dataloader);
+  EXPECT_EQ(accelerator.gradient_state().num_padding_samples, 0);
+
+  for (const auto& batch : loader) {
+    (void)batch;
+    break;
+  }
+  EXPECT_EQ(pass(loader).size(0), 16) << "a new pass after one left early is a whole epoch";
+
+  mixprec::accelerate::set_seed(1);
+  Accelerator same_seed;
+  auto again = same_seed.prepare_data_loader(numbers(16), shuffled);
+  EXPECT_TRUE(torch::equal(pass(again), first));
+  mixprec::accelerate::set_seed(2);
+  auto other = same_seed.prepare_data_loader(numbers(16), shuffled);
+  EXPECT_FALSE(torch::equal(pass(other), first));
+
+  // A seed given is the sampler's, as for a plain DataLoader.
+  auto seeded_options = shuffled;
+  seeded_options.seed = 7;
+  auto seeded = accelerator.prepare_data_loader(numbers(16), seeded_options);
+  mixprec::data::DataLoader plain(numbers(16), seeded_options);
+  std::vector<at::Tensor> plain_pass;
+  for (const auto& batch : plain) plain_pass.push_back(batch.at("x"));
+  EXPECT_TRUE(torch::equal(pass(seeded), torch::cat(plain_pass)));
+}
+
+// A scheduler waits for its own optimizer's skipped step only (Accelerate links each prepared
+// scheduler to its optimizer): a GAN's generator schedule goes on when the critic overflows.
+TEST(Accelerator, SchedulerWaitsOnlyForItsOwnOptimizersSkippedStep) {
+  // A scale whose fp16 gradients stay finite: only the inf put into net_a's skips a step.
+  Accelerator accelerator({.mixed_precision = "fp16", .scaler = {.init_scale = 16}});
+  auto net_a = torch::nn::Linear(3, 2), net_b = torch::nn::Linear(3, 2);
+  torch::optim::SGD sgd_a(net_a->parameters(), 0.1), sgd_b(net_b->parameters(), 0.1);
+  auto schedule_a = mixprec::optim::get_scheduler("linear", sgd_a, {.num_training_steps = 10});
+  auto schedule_b = mixprec::optim::get_scheduler("linear", sgd_b, {.num_training_steps = 10});
+  auto [model_a, optimizer_a, scheduler_a] = accelerator.prepare(net_a, sgd_a, schedule_a);
+  auto [model_b, optimizer_b, scheduler_b] = accelerator.prepare(net_b, sgd_b, schedule_b);
+  const auto x = torch::randn({4, 3});
+  accelerator.backward(model_a(x).sum() + model_b(x).sum());
+  net_a->weight.mutable_grad().fill_(std::numeric_limits<float>::infinity());
+  optimizer_a.step();
+  optimizer_b.step();
+  EXPECT_TRUE(optimizer_a.step_was_skipped());
+  EXPECT_FALSE(optimizer_b.step_was_skipped());
+  scheduler_a.step();
+  scheduler_b.step();
+  EXPECT_EQ(schedule_a.last_epoch(), 0);
+  EXPECT_EQ(schedule_b.last_epoch(), 1);
+}
+
+struct Counter : mixprec::accelerate::Checkpointable {
+  int value = 0;
+  std::string state_dict() const override { return std::to_string(value); }
+  void load_state_dict(const std::string& text) override { value = std::stoi(text); }
+};
+
+// free_memory() forgets what was prepared; registered objects stay, as in Accelerate.
+TEST(Accelerator, FreeMemoryKeepsRegisteredObjects) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("mixprec_free_" + std::to_string(getpid()));
+  Accelerator accelerator;
+  auto net = torch::nn::Linear(3, 2);
+  auto model = accelerator.prepare(net);
+  Counter counter;
+  counter.value = 5;
+  accelerator.register_for_checkpointing(counter);
+  accelerator.free_memory();
+  accelerator.save_state(dir.string());
+  EXPECT_FALSE(std::filesystem::exists(dir / "model.safetensors"));
+  counter.value = 0;
+  accelerator.load_state(dir.string());
+  EXPECT_EQ(counter.value, 5);
   std::filesystem::remove_all(dir);
 }
 

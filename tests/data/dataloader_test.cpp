@@ -41,7 +41,7 @@ TEST(DataLoader, BatchOrderEqualsPythonsDistributedSampler) {
                    " rank " + std::to_string(rank) + "/" + std::to_string(num_replicas));
       DataLoader loader(range_dataset(c["n"]), {.batch_size = c["batch_size"],
                                                 .shuffle = c["shuffle"],
-                                                .seed = c["seed"],
+                                                .seed = c["seed"].get<uint64_t>(),
                                                 .drop_last = c["drop_last"],
                                                 .num_replicas = num_replicas,
                                                 .rank = rank});
@@ -126,8 +126,9 @@ TEST(DataLoader, ResumesMidEpochWithExactlyTheRemainingBatches) {
   EXPECT_EQ(resumed.state(), (DataLoaderState{2, 0}));  // a finished pass restarts the epoch
   EXPECT_EQ(pass(resumed), all);
 
-  // The interrupted loader itself continues where it stopped, too.
-  EXPECT_EQ(pass(interrupted), std::vector<std::vector<int64_t>>(all.begin() + 3, all.end()));
+  // Without load_state a new pass starts the epoch over, as Python's iter() does, also after
+  // one that was left early.
+  EXPECT_EQ(pass(interrupted), all);
 
   // Saved after the last batch: nothing left of that epoch.
   DataLoader at_end(range_dataset(20), options);
@@ -161,12 +162,16 @@ TEST(DataLoader, WorkersYieldTheSameOrder) {
                              .prefetch_factor = prefetch});
       EXPECT_EQ(pass(loader), expected);
       EXPECT_EQ(pass(loader), expected);
-      // Abandoned after two batches: the workers stop, and resuming continues in order.
+      // Abandoned after two batches: the workers stop, a new pass starts over, and one from
+      // the saved position continues in order.
       size_t taken = 0;
       for (const Batch& batch : loader) {
         (void)batch;
         if (++taken == 2) break;
       }
+      const DataLoaderState after_two = loader.state();
+      EXPECT_EQ(pass(loader), expected);
+      loader.load_state(after_two);
       EXPECT_EQ(pass(loader),
                 std::vector<std::vector<int64_t>>(expected.begin() + 2, expected.end()));
     }

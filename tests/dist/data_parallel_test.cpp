@@ -163,6 +163,27 @@ TEST_F(DataParallel, PreparedLoaderShardsAndGatherForMetricsDropsThePadding) {
   }
   EXPECT_EQ(torch::cat(local).size(0), 5);  // this rank's half of the padded 10
   EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(torch::cat(seen))), torch::arange(9)));
+  // A 0-dim value gathers to one per process, on the last batch too.
+  EXPECT_EQ(accelerator.gather_for_metrics(torch::tensor(1.5)).sizes(),
+            at::IntArrayRef({accelerator.num_processes()}));
+}
+
+// Without a seed, a shuffled prepared loader takes the main process's draw: the ranks' shards
+// stay disjoint though their generators differ, and each pass is the next epoch's order.
+TEST_F(DataParallel, PreparedShuffleTakesTheMainProcessSeed) {
+  torch::manual_seed(100 + static_cast<uint64_t>(accelerator.process_index()));
+  auto data = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"x", torch::arange(16)}});
+  auto loader = accelerator.prepare_data_loader(data, {.batch_size = 2, .shuffle = true});
+  auto pass = [&] {
+    std::vector<at::Tensor> gathered;
+    for (const auto& batch : loader) gathered.push_back(accelerator.gather(batch.at("x")));
+    return torch::cat(gathered);
+  };
+  const auto first = pass(), second = pass();
+  EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(first)), torch::arange(16)));
+  EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(second)), torch::arange(16)));
+  EXPECT_FALSE(torch::equal(first, second));
 }
 
 // split_batches: batch_size is the batch of all processes; step k sees batch k of the

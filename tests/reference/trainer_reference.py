@@ -30,6 +30,15 @@ N_TRAIN, N_EVAL, FEATURES, HIDDEN, CLASSES = 384, 128, 12, 32, 4
 CASES = [
     {"name": "fp32", "bf16": False},
     {"name": "bf16", "bf16": True},
+    # 10 batches of 40 an epoch in accumulation windows of 4, 4 and 2 (the short one divides
+    # its losses by 2); logs every 2 updates, evaluates every 4 and at max_steps (10, not a
+    # multiple of 4); saves each epoch and at the stop, keeping only the best at the end
+    # (save_total_limit 1); logs the gradient norm without clipping.
+    {"name": "accumulation", "bf16": False,
+     "args": {"per_device_train_batch_size": 40, "gradient_accumulation_steps": 4,
+              "max_steps": 10, "logging_strategy": "steps", "logging_steps": 2,
+              "eval_strategy": "steps", "eval_steps": 4, "save_strategy": "epoch",
+              "save_total_limit": 1, "metric_for_best_model": "accuracy", "max_grad_norm": 0}},
 ]
 
 
@@ -81,12 +90,13 @@ def run(case, x, y, init):
     model = MLPClassifier()
     model.load_state_dict(init)
     with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(
-            output_dir=out, use_cpu=True, bf16=case["bf16"], seed=42,
-            per_device_train_batch_size=32, per_device_eval_batch_size=64,
-            num_train_epochs=5, learning_rate=3e-3, weight_decay=0.01, warmup_steps=4,
-            lr_scheduler_type="linear", eval_strategy="epoch", logging_strategy="epoch",
-            save_strategy="no", report_to="none", disable_tqdm=True)
+        args = TrainingArguments(**{
+            "output_dir": out, "use_cpu": True, "bf16": case["bf16"], "seed": 42,
+            "per_device_train_batch_size": 32, "per_device_eval_batch_size": 64,
+            "num_train_epochs": 5, "learning_rate": 3e-3, "weight_decay": 0.01, "warmup_steps": 4,
+            "lr_scheduler_type": "linear", "eval_strategy": "epoch", "logging_strategy": "epoch",
+            "save_strategy": "no", "report_to": "none", "disable_tqdm": True,
+            **case.get("args", {})})
         trainer = Trainer(model=model, args=args,
                           train_dataset=Examples(x[:N_TRAIN], y[:N_TRAIN]),
                           eval_dataset=Examples(x[N_TRAIN:], y[N_TRAIN:]),
@@ -94,12 +104,14 @@ def run(case, x, y, init):
         with contextlib.redirect_stdout(sys.stderr):  # its PrinterCallback prints the logs
             result = trainer.train()
             final_eval = trainer.evaluate()
+        checkpoints = sorted(d for d in os.listdir(out) if d.startswith("checkpoint-"))
     keep = ("epoch", "loss", "learning_rate", "grad_norm", "eval_loss", "eval_accuracy")
     return {
         "log_history": [{k: float(v) for k, v in entry.items() if k in keep}
                         for entry in trainer.state.log_history],
         "train_loss": result.training_loss,
         "global_step": result.global_step,
+        "checkpoints": checkpoints,
         "final_eval": {k: float(v) for k, v in final_eval.items()
                        if k in ("eval_loss", "eval_accuracy")},
         "params": {k: flat(v) for k, v in model.state_dict().items()},

@@ -16,7 +16,7 @@ from common import emit_or_check
 FIELDS = """output_dir eval_strategy eval_steps fp16 bf16 fp16_full_eval bf16_full_eval activation_checkpointing
 per_device_train_batch_size per_device_eval_batch_size gradient_accumulation_steps learning_rate
 weight_decay adam_beta1 adam_beta2 adam_epsilon max_grad_norm num_train_epochs max_steps
-lr_scheduler_type warmup_steps logging_strategy logging_steps logging_first_step save_strategy
+lr_scheduler_type warmup_steps logging_strategy logging_steps logging_first_step logging_nan_inf_filter save_strategy
 save_steps save_total_limit load_best_model_at_end metric_for_best_model greater_is_better seed
 data_seed dataloader_num_workers dataloader_drop_last optim report_to resume_from_checkpoint
 use_cpu label_names run_name""".split()

@@ -9,7 +9,9 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 namespace {
@@ -28,7 +30,8 @@ void expect_near_rel(double got, double expected, double rtol, const std::string
   EXPECT_NEAR(got, expected, rtol * std::abs(expected)) << what;
 }
 
-void compare_with_hf(const std::string& name, Tolerance tol) {
+void compare_with_hf(const std::string& name, Tolerance tol,
+                     const std::function<void(mixprec::TrainingArguments&)>& more_args = {}) {
   const json ref = mixprec::testing::load_reference("trainer_reference.json");
   const json& hf = ref.at("cases").at(name);
   const int64_t n_train = ref.at("n_train"), features = ref.at("features");
@@ -63,6 +66,7 @@ void compare_with_hf(const std::string& name, Tolerance tol) {
   args.logging_strategy = "epoch";
   args.save_strategy = "no";
   args.disable_tqdm = true;
+  if (more_args) more_args(args);
   auto accuracy = [](const mixprec::train::EvalPrediction& p) {
     return mixprec::train::Metrics{
         {"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(at::kFloat).mean().item<double>()}};
@@ -70,7 +74,14 @@ void compare_with_hf(const std::string& name, Tolerance tol) {
   mixprec::Trainer trainer(model, args, part(0, n_train), part(n_train, x.size(0)), accuracy);
   const auto result = trainer.train();
   const auto final_eval = trainer.evaluate();
+  std::vector<std::string> checkpoints;
+  if (fs::exists(out))
+    for (const auto& entry : fs::directory_iterator(out))
+      if (entry.path().filename().string().starts_with("checkpoint-"))
+        checkpoints.push_back(entry.path().filename().string());
+  std::ranges::sort(checkpoints);
   fs::remove_all(out);
+  EXPECT_EQ(checkpoints, hf.at("checkpoints").get<std::vector<std::string>>());
 
   EXPECT_EQ(result.global_step, hf.at("global_step").get<int64_t>());
   expect_near_rel(result.training_loss, hf.at("train_loss"), tol.rtol, "train_loss");
@@ -100,7 +111,9 @@ void compare_with_hf(const std::string& name, Tolerance tol) {
       ++compared;
     }
   }
-  EXPECT_GE(compared, 5 * (4 + 3));  // 5 epochs of a train entry (4 values) and an eval one (3)
+  // Per epoch (5), or per 2 of the 10 updates, a train entry (4 values); an eval entry (3) per
+  // epoch, or at updates 4, 8 and 10.
+  EXPECT_GE(compared, name == "accumulation" ? 5 * 4 + 3 * 3 : 5 * (4 + 3));
 
   double to_hf = 0, to_hf_fp32 = 0;  // squared distances of all parameters
   for (const auto& param : model->named_parameters()) {
@@ -126,6 +139,24 @@ TEST(TrainerReference, Fp32MatchesTransformersTrainer) { compare_with_hf("fp32",
 // difference in rounding over 60 steps; one eval sample may flip (1/128).
 TEST(TrainerReference, Bf16MatchesTransformersTrainer) {
   compare_with_hf("bf16", {2e-2, 1.0 / 128 + 1e-9});
+}
+
+// The flow of CASES' "accumulation" in trainer_reference.py: short accumulation windows, steps
+// logging and evaluation with a last evaluation at max_steps, epoch saves and rotation.
+TEST(TrainerReference, AccumulationStepsAndCheckpointsMatchTransformersTrainer) {
+  compare_with_hf("accumulation", {1e-4, 0.0}, [](mixprec::TrainingArguments& a) {
+    a.per_device_train_batch_size = 40;
+    a.gradient_accumulation_steps = 4;
+    a.max_steps = 10;
+    a.logging_strategy = "steps";
+    a.logging_steps = 2;
+    a.eval_strategy = "steps";
+    a.eval_steps = 4;
+    a.save_strategy = "epoch";
+    a.save_total_limit = 1;
+    a.metric_for_best_model = "accuracy";
+    a.max_grad_norm = 0;
+  });
 }
 
 }  // namespace

@@ -25,6 +25,8 @@ using mixprec::TrainingArguments;
 using mixprec::train::Metrics;
 using mixprec::train::Trainer;
 using json = nlohmann::json;
+using mixprec::train::TrainerControl;
+using mixprec::train::TrainerState;
 
 // A classifier with the Trainer's contract: forward(batch) -> loss, logits.
 struct ClassifierImpl : torch::nn::Module {
@@ -58,6 +60,15 @@ std::pair<mixprec::data::DatasetPtr, mixprec::data::DatasetPtr> datasets() {
       std::map<std::string, at::Tensor>{{"x", task.x}, {"labels", task.labels}});
   auto parts = mixprec::data::random_split(all, {160, 64}, 0);
   return {parts[0], parts[1]};
+}
+
+std::vector<std::string> checkpoint_names(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.path().filename().string().starts_with("checkpoint-"))
+      names.push_back(entry.path().filename().string());
+  std::ranges::sort(names);
+  return names;
 }
 
 at::Tensor flat_params(torch::nn::Module& m) {
@@ -132,13 +143,19 @@ TEST_F(TrainerTest, TrainsEvaluatesLogsAndCheckpoints) {
 }
 
 // The Classifier, whose gradients are inf on the training calls in `poisoned`.
+// With poison_loss, the loss itself is inf on those calls.
 struct PoisonedClassifierImpl : ClassifierImpl {
   std::set<int> poisoned;
+  bool poison_loss = false;
   int calls = 0;
   mixprec::models::ModelOutput forward(const mixprec::data::Batch& batch) {
     auto out = ClassifierImpl::forward(batch);
-    if (is_training() && poisoned.count(calls++))
-      out.logits.register_hook([](at::Tensor g) { return g * INFINITY; });
+    if (is_training() && poisoned.count(calls++)) {
+      if (poison_loss)
+        out.loss = out.loss * INFINITY;
+      else
+        out.logits.register_hook([](at::Tensor g) { return g * INFINITY; });
+    }
     return out;
   }
 };
@@ -287,17 +304,20 @@ TEST_F(TrainerTest, LogsToTensorBoardWithLossScaleAndSkippedSteps) {
 
   const auto scalars = json::parse(mixprec::testing::run_reference_script(
       "read_tensorboard.py " + (fs::path(a.output_dir) / "runs").string()));
-  for (const char* tag : {"loss", "learning_rate", "grad_norm", "loss_scale", "skipped_steps",
-                          "eval_loss", "eval_accuracy", "epoch"})
+  // Tagged as HF's integrations do (rewrite_logs).
+  for (const char* tag :
+       {"train/loss", "train/learning_rate", "train/grad_norm", "train/loss_scale",
+        "train/skipped_steps", "eval/loss", "eval/accuracy", "train/epoch"})
     EXPECT_TRUE(scalars.contains(tag)) << tag << " not in " << scalars.dump();
   // Every logged value, at its step, as log_history has it (fp32 in the event file).
   int compared = 0;
   for (const auto& entry : trainer.state().log_history) {
     const int64_t step = static_cast<int64_t>(entry.at("step"));
     for (const auto& [key, value] : entry) {
-      if (key == "step" || !scalars.contains(key)) continue;
+      const std::string tag = key.starts_with("eval_") ? "eval/" + key.substr(5) : "train/" + key;
+      if (key == "step" || !scalars.contains(tag)) continue;
       bool found = false;
-      for (const auto& point : scalars.at(key))
+      for (const auto& point : scalars.at(tag))
         if (point[0].get<int64_t>() == step) {
           EXPECT_FLOAT_EQ(point[1].get<float>(), static_cast<float>(value)) << key << "@" << step;
           found = true;
@@ -309,8 +329,8 @@ TEST_F(TrainerTest, LogsToTensorBoardWithLossScaleAndSkippedSteps) {
   EXPECT_GE(compared, 4 * 6 + 2 * 3);
   // Two skips in the first window halve the scale twice; one in the third.
   std::vector<std::pair<int64_t, double>> skipped, scale;
-  for (const auto& p : scalars.at("skipped_steps")) skipped.emplace_back(p[0], p[1]);
-  for (const auto& p : scalars.at("loss_scale")) scale.emplace_back(p[0], p[1]);
+  for (const auto& p : scalars.at("train/skipped_steps")) skipped.emplace_back(p[0], p[1]);
+  for (const auto& p : scalars.at("train/loss_scale")) scale.emplace_back(p[0], p[1]);
   EXPECT_EQ(skipped, (std::vector<std::pair<int64_t, double>>{{5, 2}, {10, 0}, {15, 1}, {20, 0}}));
   EXPECT_EQ(scale, (std::vector<std::pair<int64_t, double>>{
                        {5, 16384}, {10, 16384}, {15, 8192}, {20, 8192}}));
@@ -472,8 +492,143 @@ TEST_F(TrainerTest, TrainsAgainAndLeavesNothingRegistered) {
   const auto saved = dir_ / "accelerator_state";
   trainer.accelerator().save_state(saved.string());
   for (const auto& entry : fs::directory_iterator(saved))
-    for (const char* prefix : {"model", "optimizer", "scheduler", "custom_checkpoint"})
+    for (const char* prefix : {"model", "optimizer", "scheduler", "custom_checkpoint_1"})
       EXPECT_FALSE(entry.path().filename().string().starts_with(prefix)) << entry.path();
+  // Only the Trainer's data position stays registered (once), as objects do in Accelerate.
+  EXPECT_TRUE(fs::exists(saved / "custom_checkpoint.json"));
+}
+
+// logging_nan_inf_filter (HF's default): the inf loss of a skipped fp16 step is logged as the
+// average of the losses since the last log; without it, the log and train_loss are inf.
+TEST_F(TrainerTest, InfLossIsLoggedAsTheAverageSinceTheLastLog) {
+  for (const bool filter : {true, false}) {
+    SCOPED_TRACE(filter ? "filter" : "no filter");
+    auto a = args(filter ? "inf_filter" : "no_inf_filter");
+    a.fp16 = true;
+    a.num_train_epochs = 1;
+    a.eval_strategy = "no";
+    a.save_strategy = "no";
+    a.logging_nan_inf_filter = filter;
+    torch::manual_seed(0);
+    PoisonedClassifier model;
+    model->poisoned = {2};
+    model->poison_loss = true;
+    Trainer trainer(model, a, train_, eval_, accuracy);
+    const auto out = trainer.train();
+    std::vector<double> losses;
+    for (const auto& entry : trainer.state().log_history)
+      if (entry.count("loss")) losses.push_back(entry.at("loss"));
+    ASSERT_EQ(losses.size(), 2u);  // steps 5 and 10
+    EXPECT_EQ(std::isfinite(losses[0]), filter) << losses[0];
+    EXPECT_TRUE(std::isfinite(losses[1]));
+    EXPECT_EQ(std::isfinite(out.training_loss), filter);
+  }
+}
+
+// save_total_limit 1 with a best checkpoint: each rotation keeps the newest (to resume from)
+// and the best, and at the end only the best stays (HF's rotate_checkpoints and
+// _finalize_training).
+TEST_F(TrainerTest, SaveTotalLimitOneKeepsTheNewestAndTheBestThenOnlyTheBest) {
+  auto a = args("limit_one");
+  a.num_train_epochs = 3;
+  a.save_total_limit = 1;
+  a.metric_for_best_model = "score";
+  int evaluations = 0;
+  auto score = [&](const mixprec::train::EvalPrediction&) {
+    const double scores[] = {3, 1, 2};  // the first epoch's is the best
+    return Metrics{{"score", scores[evaluations++]}};
+  };
+  struct Listing : mixprec::train::TrainerCallback {
+    fs::path dir;
+    std::vector<std::vector<std::string>> seen;
+    void on_save(const TrainingArguments&, TrainerState&, TrainerControl&) override {
+      seen.push_back(checkpoint_names(dir));
+    }
+  };
+  auto listing = std::make_shared<Listing>();
+  listing->dir = a.output_dir;
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer trainer(model, a, train_, eval_, score, {listing});
+  trainer.train();
+  using Names = std::vector<std::string>;
+  EXPECT_EQ(listing->seen, (std::vector<Names>{{"checkpoint-10"},
+                                               {"checkpoint-10", "checkpoint-20"},
+                                               {"checkpoint-10", "checkpoint-30"}}));
+  EXPECT_EQ(checkpoint_names(a.output_dir), Names{"checkpoint-10"});
+}
+
+// save_strategy "epoch" and max_steps in the middle of an epoch: one save at the stop (not
+// one at the step and another at the epoch's end), whose data position is that step, so a
+// longer run resumed from it trains on the rest of that epoch.
+TEST_F(TrainerTest, EpochSaveAtAStopMidEpochKeepsItsPosition) {
+  auto a = args("stop_mid_epoch");
+  a.max_steps = 15;  // 10 steps an epoch
+  a.eval_strategy = "no";
+  struct Saves : mixprec::train::TrainerCallback {
+    std::vector<int64_t> steps;
+    void on_save(const TrainingArguments&, TrainerState& s, TrainerControl&) override {
+      steps.push_back(s.global_step);
+    }
+  };
+  auto saves = std::make_shared<Saves>();
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer(model, a, train_, eval_, accuracy, {saves}).train();
+  EXPECT_EQ(saves->steps, (std::vector<int64_t>{10, 15}));
+  const auto position = json::parse(
+      mixprec::io::read_file(fs::path(a.output_dir) / "checkpoint-15" / "custom_checkpoint.json"));
+  EXPECT_EQ(position, json({{"epoch", 1}, {"batches_yielded", 5}}));
+  a.max_steps = 20;
+  a.resume_from_checkpoint = (fs::path(a.output_dir) / "checkpoint-15").string();
+  Trainer resumed(model, a, train_, eval_, accuracy);
+  resumed.train();
+  EXPECT_EQ(resumed.state().global_step, 20);
+  EXPECT_EQ(resumed.state().max_steps, 20);  // this run's, not the checkpoint's 15
+  EXPECT_DOUBLE_EQ(resumed.state().epoch, 2.0);
+}
+
+// The metrics as HF returns them: with the epoch, and keys that already carry the prefix kept.
+TEST_F(TrainerTest, MetricsCarryTheEpochAndKeepPrefixedKeys) {
+  auto a = args("metrics");
+  a.num_train_epochs = 1;
+  a.per_device_train_batch_size = 48;  // 160 samples: 4 batches, the last one of 16
+  a.eval_strategy = "no";
+  a.save_strategy = "no";
+  auto metrics = [](const mixprec::train::EvalPrediction& p) {
+    return Metrics{{"eval_f1", 0.5}, {"accuracy", accuracy(p).at("accuracy")}};
+  };
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer trainer(model, a, train_, eval_, metrics);
+  const auto out = trainer.train();
+  EXPECT_EQ(out.metrics.at("epoch"), 1.0);
+  // HF counts the dataset's samples per epoch, not whole batches (192).
+  EXPECT_NEAR(out.metrics.at("train_samples_per_second") * out.metrics.at("train_runtime"), 160,
+              1e-9);
+  const Metrics eval = trainer.evaluate();
+  EXPECT_EQ(eval.at("epoch"), 1.0);
+  EXPECT_EQ(eval.at("eval_f1"), 0.5);
+  EXPECT_TRUE(eval.count("eval_accuracy"));
+  EXPECT_FALSE(eval.count("eval_eval_f1"));
+  const auto predicted = trainer.predict(eval_).metrics;
+  EXPECT_EQ(predicted.at("test_eval_f1"), 0.5);
+  EXPECT_TRUE(predicted.count("test_accuracy"));
+}
+
+// Weight decay skips LayerNorms, biases and norms by name, as HF's (its
+// get_parameter_names(model, [nn.LayerNorm], patterns) gives these three for this module).
+TEST_F(TrainerTest, DecayParameterNamesFollowHf) {
+  auto net = std::make_shared<torch::nn::Module>();
+  for (const char* name : {"fc", "norm", "input_layernorm", "q_norm", "normal", "final_rmsnorm"})
+    net->register_module(name, torch::nn::Linear(2, 2));
+  net->register_module("ln", torch::nn::LayerNorm(torch::nn::LayerNormOptions({2})));
+  auto frozen = net->register_module("frozen", torch::nn::Linear(2, 2));
+  for (auto& p : frozen->parameters()) p.requires_grad_(false);
+  Trainer trainer(net, [](const mixprec::data::Batch&) { return mixprec::models::ModelOutput{}; },
+                  args("decay"), train_, eval_, {}, {}, {});
+  EXPECT_EQ(trainer.get_decay_parameter_names(),
+            (std::vector<std::string>{"fc.weight", "normal.weight", "frozen.weight"}));
 }
 
 // fp16_full_eval / bf16_full_eval, outside train(): the whole model evaluates in 16 bits (and

@@ -121,6 +121,15 @@ TEST(TrainingArguments, ClearErrors) {
                   "eval_strategy": "steps", "eval_steps": 30, "save_steps": 50})");
             }).find("not a round multiple of 30"),
             std::string::npos);
+  // Ratios as HF compares them: 0.3 is a multiple of 0.1 (0.3 / 0.1 is 2.9999999999999996); a
+  // ratio and a count cannot be compared.
+  EXPECT_NO_THROW(TrainingArguments::from_json(R"({"load_best_model_at_end": true,
+      "eval_strategy": "steps", "eval_steps": 0.1, "save_steps": 0.3})"));
+  EXPECT_NE(error_of([] {
+              TrainingArguments::from_json(R"({"load_best_model_at_end": true,
+                  "eval_strategy": "steps", "eval_steps": 0.1, "save_steps": 500})");
+            }).find("mixing ratio and absolute steps for save_steps 500 and eval_steps 0.1"),
+            std::string::npos);
   EXPECT_NE(error_of([] {
               TrainingArguments::from_json(R"({"eval_strategy": "sometimes"})");
             }).find("eval_strategy 'sometimes' is not one of"),

@@ -61,8 +61,11 @@ struct GradientState {
   bool sync_gradients = true;
   bool end_of_dataloader = false;
   /// Samples at the end of this process's last batch that only pad the
-  /// processes to equal shares (-1: unknown), dropped by gather_for_metrics.
-  int64_t remainder = -1;
+  /// processes to equal shares, dropped by gather_for_metrics; 0 outside the
+  /// prepared loader's last batch. (Accelerate's `remainder` counts the samples
+  /// to keep at the end of what is gathered instead; here each process's shard
+  /// interleaves the samples, so its padding is its own.)
+  int64_t num_padding_samples = 0;
   int64_t num_steps = 1;
 };
 
@@ -207,8 +210,10 @@ class AcceleratedScheduler {
 /// A data loader prepared by an Accelerator: this process's shard of the
 /// data, batches on the accelerator's device, and the gradient state kept up
 /// to date (end_of_dataloader on the last batch, which also ends an
-/// accumulation window, and its padding for gather_for_metrics). Its position
-/// is saved and restored with the accelerator's state.
+/// accumulation window, and its padding for gather_for_metrics). As in
+/// Accelerate, each pass that runs to its end moves to the next epoch (and
+/// shuffle order) by itself; set_epoch() sets it. Its position is saved and
+/// restored with the accelerator's state.
 class PreparedDataLoader {
  public:
   PreparedDataLoader(std::shared_ptr<data::DataLoader> loader,
@@ -284,7 +289,9 @@ class Accelerator {
   AcceleratedOptimizer prepare_one(torch::optim::Optimizer& optimizer);
   /// Accelerate's prepare(dataloader): a DataLoader of `dataset` with this
   /// process's rank and the number of processes filled into `options` (and,
-  /// with split_batches, batch_size divided among the processes).
+  /// with split_batches, batch_size divided among the processes). A shuffled
+  /// loader without a seed takes one from torch's generator (main process's,
+  /// so set_seed decides the order), as Accelerate's synchronized generator.
   PreparedDataLoader prepare_data_loader(data::DatasetPtr dataset,
                                          data::DataLoaderOptions options = {},
                                          data::CollateFn collate = {});
@@ -332,19 +339,20 @@ class Accelerator {
   log::NumericsMonitor* numerics_monitor() const { return shared_->monitor.get(); }
 
   const std::string& mixed_precision() const { return shared_->options.mixed_precision; }
-  int64_t gradient_accumulation_steps() const {
-    return shared_->options.gradient_accumulation_steps;
-  }
+  /// gradient_state().num_steps, which the loss is divided by and the
+  /// micro-steps are counted against (Accelerate's property).
+  int64_t gradient_accumulation_steps() const { return shared_->gradient_state.num_steps; }
   c10::Device device() const { return shared_->device; }
   int64_t num_processes() const { return shared_->num_processes(); }
   int64_t process_index() const { return shared_->group ? shared_->group->rank() : 0; }
   int64_t local_process_index() const { return shared_->group ? shared_->group->local_rank() : 0; }
   bool is_main_process() const { return process_index() == 0; }
   bool is_local_main_process() const { return local_process_index() == 0; }
-  /// Prints on the main process only.
+  /// Prints once per machine (the local main process), as Accelerate does; the
+  /// arguments are streamed one after the other, with no separator added.
   template <typename... Args>
   void print(const Args&... args) const {
-    if (!is_main_process()) return;
+    if (!is_local_main_process()) return;
     std::ostringstream line;
     (line << ... << args);
     print_line(line.str());
@@ -381,8 +389,9 @@ class Accelerator {
   /// Flushes and closes the trackers.
   void end_training();
   /// Accelerate's free_memory(): forgets every prepared model, optimizer, scheduler and
-  /// data loader and every registered object (save_state() saves none of them after it), and
-  /// restarts the accumulation count. What was prepared before must not be used with it again.
+  /// data loader (save_state() saves none of them after it), and restarts the accumulation
+  /// count. What was prepared before must not be used with it again. Objects registered for
+  /// checkpointing stay registered, as in Accelerate.
   void free_memory();
 
   template <ModuleHandle M>

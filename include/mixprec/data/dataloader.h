@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <iterator>
 #include <memory>
+#include <optional>
 #include <vector>
 
 namespace mixprec::data {
@@ -19,7 +20,9 @@ namespace mixprec::data {
 struct DataLoaderOptions {
   size_t batch_size = 8;
   bool shuffle = false;
-  uint64_t seed = 0;
+  /// The shuffle's seed (added to the epoch). Unset: 0, DistributedSampler's default; a loader
+  /// prepared by an Accelerator draws it from torch's generator instead, as Accelerate does.
+  std::optional<uint64_t> seed = std::nullopt;
   /// Drops the last incomplete batch, and the samples that do not divide
   /// evenly among the replicas (instead of padding with repeats).
   bool drop_last = false;
@@ -79,7 +82,8 @@ std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_
 ///
 /// Without a `collate_fn`, batches are `collate()`'d, or gathered at once by a dataset whose
 /// `get_batch()` can (TensorDataset, and a Subset of one). One iteration runs at a time:
-/// `begin()` abandons the previous one. The loader must outlive its iterators.
+/// `begin()` abandons the previous one and starts the epoch over, as Python's `iter()` does,
+/// unless `load_state` set a position. The loader must outlive its iterators.
 class DataLoader {
  public:
   DataLoader(DatasetPtr dataset, DataLoaderOptions options = {}, CollateFn collate_fn = {});
@@ -112,7 +116,7 @@ class DataLoader {
     Batch batch_;
   };
 
-  /// Starts (or resumes, after load_state) the current epoch.
+  /// Starts the current epoch at its first batch, or at the position load_state set.
   Iterator begin();
   Iterator end() { return {}; }
 
@@ -132,6 +136,8 @@ class DataLoader {
   /// Batches handed out in the current epoch so far. When an iteration ends the
   /// position goes back to the start of the epoch.
   DataLoaderState state() const { return {epoch_, batches_yielded_}; }
+  /// The next `begin()` yields the batches of `state.epoch` after the first
+  /// `state.batches_yielded`.
   void load_state(const DataLoaderState& state);
 
   const DataLoaderOptions& options() const { return options_; }
@@ -143,6 +149,7 @@ class DataLoader {
   CollateFn collate_fn_;  // empty: collate(), or the dataset's get_batch()
   int64_t epoch_ = 0;
   int64_t batches_yielded_ = 0;
+  bool resume_ = false;      // set by load_state: the next begin() starts at batches_yielded_
   uint64_t generation_ = 0;  // bumped by begin(): an abandoned iterator stops counting
 };
 

@@ -35,6 +35,7 @@ class LRScheduler {
   /// The lr of each param group set by the last step.
   const std::vector<double>& get_last_lr() const { return last_lr_; }
   int64_t last_epoch() const { return last_epoch_; }
+  torch::optim::Optimizer& optimizer() const { return *optimizer_; }
 
   LRSchedulerState state_dict() const { return {last_epoch_, base_lrs_}; }
   /// Restores the position and sets the optimizer's lrs to what they were.

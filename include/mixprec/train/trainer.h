@@ -113,6 +113,10 @@ class Trainer {
   /// HF's Trainer.log: `logs` plus the epoch go to the trackers and the callbacks' on_log,
   /// and into state().log_history with the step.
   void log(Metrics logs);
+  /// HF's get_decay_parameter_names: the parameters weight decay applies to if trained; not
+  /// those of LayerNorms, nor those whose lowercased name contains "bias", "layernorm" or
+  /// "rmsnorm", or a part "norm" or ending "_norm" (a hand-written RMSNorm's).
+  std::vector<std::string> get_decay_parameter_names() const;
 
   const TrainingArguments& args() const { return args_; }
   const TrainerState& state() const { return state_; }
@@ -128,6 +132,8 @@ class Trainer {
   }
   // Writes a checkpoint of the run into output_dir/checkpoint-<global_step> (in train()).
   void save_checkpoint();
+  PredictionOutput prediction_loop(data::DatasetPtr dataset, const std::string& prefix);
+  void rotate_checkpoints(int64_t limit) const;
   struct Impl;
   std::unique_ptr<Impl> impl_;
   TrainingArguments args_;

@@ -55,6 +55,8 @@ struct TrainingArguments {
   std::string logging_strategy = "steps";  // "no" | "steps" | "epoch"
   double logging_steps = 500;
   bool logging_first_step = false;
+  /// An inf/NaN training loss is logged as the average since the last log instead.
+  bool logging_nan_inf_filter = true;
   std::string save_strategy = "steps";  // "no" | "steps" | "epoch" | "best"
   double save_steps = 500;
   std::optional<int64_t> save_total_limit = std::nullopt;
