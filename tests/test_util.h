@@ -8,6 +8,8 @@
 #include <sys/wait.h>
 #include <cstdio>
 
+#include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
@@ -72,6 +74,17 @@ inline std::string run_command(const std::string& command, int* exit_code = null
 inline std::string run_reference_script(const std::string& script_and_args) {
   return run_command(std::string(MIXPREC_PYTHON) + " " + MIXPREC_REFERENCE_DIR + "/../" +
                      script_and_args);
+}
+
+// The checkpoint-N folders of a Trainer's output_dir, sorted by name.
+inline std::vector<std::string> checkpoint_names(const std::filesystem::path& dir) {
+  std::vector<std::string> names;
+  if (std::filesystem::exists(dir))
+    for (const auto& entry : std::filesystem::directory_iterator(dir))
+      if (entry.path().filename().string().starts_with("checkpoint-"))
+        names.push_back(entry.path().filename().string());
+  std::ranges::sort(names);
+  return names;
 }
 
 }  // namespace mixprec::testing

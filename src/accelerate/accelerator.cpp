@@ -229,8 +229,13 @@ void Accelerator::save_state(const std::string& dir,
     for (size_t i = 0; i < shared_->custom_objects.size(); ++i)
       writer.write_text(nth("custom_checkpoint", i, ".json"),
                         shared_->custom_objects[i]->state_dict());
-    for (size_t i = 0; i < shared_->loaders.size(); ++i)
-      writer.write_text(nth("dataloader", i, ".json"), json(shared_->loaders[i]->state()).dump());
+    for (size_t i = 0; i < shared_->loaders.size(); ++i) {
+      const auto& loader = *shared_->loaders[i];
+      json state = loader.state();
+      // A seed drawn from torch's generator: a resumed run draws its own, maybe another.
+      if (loader.options().seed) state["seed"] = *loader.options().seed;
+      writer.write_text(nth("dataloader", i, ".json"), state.dump());
+    }
     writer.write_text("accelerator.json",
                       json{{"step", shared_->step},
                            {"num_processes", num_processes()},
@@ -293,7 +298,9 @@ void Accelerator::load_state(const std::string& dir_name) {
   for (size_t i = 0; i < shared_->loaders.size(); ++i) {
     const std::string name = nth("dataloader", i, ".json");
     try {
-      shared_->loaders[i]->load_state(read_json(name).get<data::DataLoaderState>());
+      const json state = read_json(name);
+      shared_->loaders[i]->load_state(state.get<data::DataLoaderState>());
+      if (state.contains("seed")) shared_->loaders[i]->set_seed(state.at("seed").get<uint64_t>());
     } catch (const json::exception& e) {
       TORCH_CHECK(false, (dir / name).string(), ": ", e.what());
     }

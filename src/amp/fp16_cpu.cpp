@@ -216,13 +216,20 @@ at::Tensor vdot(const at::Tensor& self, const at::Tensor& other) {
   return down(at::cpu::vdot(up(self), up(other)));
 }
 
-// logsumexp is fp32 on both paths.
+// logsumexp is fp32 on both paths. A mask LibTorch's fp16 kernel takes (fp16 or fp32) is
+// up-cast; any other (bool, bf16) goes to that kernel, whose error names it: up-cast, a bool
+// mask would become an additive 0/1 one, masking nothing.
+bool mask_for_fp16(const std::optional<at::Tensor>& mask) {
+  return !mask || !mask->defined() || mask->scalar_type() == at::kHalf ||
+         mask->scalar_type() == at::kFloat;
+}
+
 std::tuple<at::Tensor, at::Tensor> flash_attention(const at::Tensor& query, const at::Tensor& key,
                                                    const at::Tensor& value, double dropout_p,
                                                    bool is_causal,
                                                    const std::optional<at::Tensor>& attn_mask,
                                                    std::optional<double> scale) {
-  if (!fast({&query, &key, &value}))
+  if (!mask_for_fp16(attn_mask) || !fast({&query, &key, &value}))
     return at::cpu::_scaled_dot_product_flash_attention_for_cpu(query, key, value, dropout_p,
                                                                 is_causal, attn_mask, scale);
   auto [out, lse] = at::cpu::_scaled_dot_product_flash_attention_for_cpu(
@@ -234,7 +241,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> flash_attention_backward(
     const at::Tensor& grad_out, const at::Tensor& query, const at::Tensor& key,
     const at::Tensor& value, const at::Tensor& out, const at::Tensor& logsumexp, double dropout_p,
     bool is_causal, const std::optional<at::Tensor>& attn_mask, std::optional<double> scale) {
-  if (!fast({&grad_out, &query, &key, &value, &out}))
+  if (!mask_for_fp16(attn_mask) || !fast({&grad_out, &query, &key, &value, &out}))
     return at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(
         grad_out, query, key, value, out, logsumexp, dropout_p, is_causal, attn_mask, scale);
   auto [gq, gk, gv] = at::cpu::_scaled_dot_product_flash_attention_for_cpu_backward(

@@ -29,6 +29,12 @@ using json = nlohmann::json;
 
 namespace {
 
+// Whether two paths name one folder however they are spelled (HF: os.path.samefile).
+bool same_folder(const fs::path& a, const fs::path& b) {
+  std::error_code error;
+  return fs::equivalent(a, b, error);
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -175,8 +181,8 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
                               ? std::optional(log::NumericsMonitorOptions{
                                     .every_n_steps = args_.numerics_monitor_steps})
                               : std::nullopt});
-  state_.is_local_process_zero = accelerator_->is_local_main_process();
   accelerator_->register_for_checkpointing(impl_->position);
+  state_.is_local_process_zero = accelerator_->is_local_main_process();
   state_.is_world_process_zero = accelerator_->is_main_process();
   impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_init_end(a, s, c); });
 }
@@ -193,9 +199,13 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   TORCH_CHECK(impl.train_dataset, "Trainer::train: no train_dataset");
   // This run's optimizer and schedule live in this call: the accelerator forgets them when it
   // returns (another train() makes them afresh, as HF's does).
+  // The loop says which micro-steps sync; after it, also after an error, every step does.
   struct FreeMemory {
     accelerate::Accelerator& acc;
-    ~FreeMemory() { acc.free_memory(); }
+    ~FreeMemory() {
+      acc.free_memory();
+      acc.gradient_state().sync_gradients = true;
+    }
   } free_memory{acc};
   if (!resume_from_checkpoint) resume_from_checkpoint = args_.resume_from_checkpoint;
   if (acc.is_main_process() && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
@@ -509,19 +519,9 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   }
   progress.close();
   impl.in_train = false;
-  acc.gradient_state().sync_gradients = true;
   if (acc.numerics_monitor() && acc.is_main_process())
     std::fprintf(stderr, "%s", acc.numerics_monitor()->summary().c_str());
 
-  if (args_.load_best_model_at_end && state_.best_model_checkpoint && !stopped_by) {
-    const auto file = fs::path(*state_.best_model_checkpoint) / "model.safetensors";
-    io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
-  }
-  // HF's _finalize_training: with save_total_limit 1, only the best checkpoint stays.
-  if (args_.save_total_limit == 1 && state_.best_model_checkpoint && !stopped_by &&
-      acc.is_main_process())
-    for (const auto& [step, dir] : io::checkpoints(args_.output_dir))
-      if (dir != fs::path(*state_.best_model_checkpoint)) fs::remove_all(dir);
   // What was not logged yet counts in the average loss.
   const int64_t unlogged = state_.global_step - last_logged_step;
   if (unlogged > 0) total_loss += acc.reduce(loss_since_log, "mean").item<double>();
@@ -547,6 +547,16 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   output.stopped_by_signal = stopped_by;
   output.metrics["epoch"] = state_.epoch;  // as HF's log() adds it to the caller's dict
   log(output.metrics);
+  // Then, as HF's _finalize_training: the best model, and with save_total_limit 1 only the best
+  // checkpoint stays.
+  if (args_.load_best_model_at_end && state_.best_model_checkpoint && !stopped_by) {
+    const auto file = fs::path(*state_.best_model_checkpoint) / "model.safetensors";
+    io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
+  }
+  if (args_.save_total_limit == 1 && state_.best_model_checkpoint && !stopped_by &&
+      acc.is_main_process())
+    for (const auto& [step, dir] : io::checkpoints(args_.output_dir))
+      if (!same_folder(dir, *state_.best_model_checkpoint)) fs::remove_all(dir);
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_end(a, s, c); });
   acc.end_training();
   return output;
@@ -570,13 +580,18 @@ void Trainer::save_checkpoint() {
 void Trainer::rotate_checkpoints(int64_t limit) const {
   const auto checkpoints = io::checkpoints(args_.output_dir);
   if (checkpoints.empty()) return;
-  std::set<fs::path> kept{checkpoints.back().second};
-  if (state_.best_model_checkpoint) kept.insert(fs::path(*state_.best_model_checkpoint));
+  const fs::path& newest = checkpoints.back().second;
+  auto kept = [&](const fs::path& dir) {
+    return dir == newest ||
+           (state_.best_model_checkpoint && same_folder(dir, *state_.best_model_checkpoint));
+  };
+  const bool best_apart =
+      state_.best_model_checkpoint && !same_folder(newest, *state_.best_model_checkpoint);
   auto left = static_cast<int64_t>(checkpoints.size());
-  const auto keep = std::max<int64_t>(limit, static_cast<int64_t>(kept.size()));
+  const auto keep = std::max<int64_t>(limit, best_apart ? 2 : 1);
   for (const auto& [step, dir] : checkpoints) {
     if (left <= keep) break;
-    if (kept.count(dir)) continue;
+    if (kept(dir)) continue;
     fs::remove_all(dir);
     --left;
   }

@@ -524,6 +524,29 @@ TEST(Accelerator, PreparedLoaderShufflesBySetSeedAndEpoch) {
   EXPECT_TRUE(torch::equal(pass(seeded), torch::cat(plain_pass)));
 }
 
+// The seed a shuffled loader drew is saved with the state: a resumed run whose generator drew
+// another one still gets the rest of the saved epoch.
+TEST(Accelerator, PreparedLoaderResumesItsDrawnShuffle) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("mixprec_seed_" + std::to_string(getpid()));
+  const mixprec::data::DataLoaderOptions shuffled{.batch_size = 4, .shuffle = true};
+  mixprec::accelerate::set_seed(1);
+  Accelerator accelerator;
+  auto loader = accelerator.prepare_data_loader(numbers(16), shuffled);
+  std::vector<at::Tensor> batches;
+  for (const auto& batch : loader) {
+    if (batches.empty()) accelerator.save_state(dir.string());  // in the first batch's step
+    batches.push_back(batch.at("x"));
+  }
+  mixprec::accelerate::set_seed(2);
+  Accelerator resumed;
+  auto again = resumed.prepare_data_loader(numbers(16), shuffled);
+  resumed.load_state(dir.string());
+  EXPECT_TRUE(
+      torch::equal(pass(again), torch::cat(std::vector(batches.begin() + 1, batches.end()))));
+  std::filesystem::remove_all(dir);
+}
+
 // A scheduler waits for its own optimizer's skipped step only (Accelerate links each prepared
 // scheduler to its optimizer): a GAN's generator schedule goes on when the critic overflows.
 TEST(Accelerator, SchedulerWaitsOnlyForItsOwnOptimizersSkippedStep) {

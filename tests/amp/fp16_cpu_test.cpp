@@ -198,6 +198,28 @@ TEST_F(Fp16CpuTest, Conv1dUnderAutocast) {
   EXPECT_EQ(w.grad().scalar_type(), at::kFloat);  // fp32 master weights get fp32 grads
 }
 
+// LibTorch's fp16 flash kernel takes fp16 and fp32 masks only; up-cast, a bool mask would be
+// added as 0/1 and mask nothing. The fast path leaves the others to LibTorch's error.
+TEST_F(Fp16CpuTest, FlashAttentionTakesTheMasksLibTorchTakes) {
+  const auto q = half_randn({1, 2, 4, 8});
+  for (const auto mask_dtype : {at::kBool, at::kBFloat16}) {
+    const auto mask = torch::ones({4, 4}).to(mask_dtype);
+    const std::string error = mixprec::testing::error_of(
+        [&] { at::_scaled_dot_product_flash_attention_for_cpu(q, q, q, 0.0, false, mask); });
+    EXPECT_NE(error.find("Attention mask is the same data type as query"), std::string::npos)
+        << error;
+  }
+  const auto mask = torch::zeros({4, 4});
+  mask[0].fill_(-INFINITY).index_put_({0}, 0.0f);  // query 0 sees key 0 only
+  at::Tensor out;
+  EXPECT_EQ(calls([&] {
+              out = std::get<0>(at::_scaled_dot_product_flash_attention_for_cpu(
+                  q, q, q, 0.0, false, mask.to(at::kHalf)));
+            }),
+            1);
+  EXPECT_TRUE(torch::allclose(out[0][0][0].to(at::kFloat), q[0][0][0].to(at::kFloat)));
+}
+
 TEST_F(Fp16CpuTest, ScaledDotProductAttentionForwardAndBackward) {
   auto q = half_randn({2, 3, 16, 8}).requires_grad_();
   auto k = half_randn({2, 3, 16, 8}).requires_grad_();

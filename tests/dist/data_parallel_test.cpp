@@ -157,15 +157,18 @@ TEST_F(DataParallel, PreparedLoaderShardsAndGatherForMetricsDropsThePadding) {
       std::map<std::string, at::Tensor>{{"x", torch::arange(9)}});
   auto loader = accelerator.prepare_data_loader(data, {.batch_size = 2});
   std::vector<at::Tensor> seen, local;
+  int64_t last_batches = 0;
   for (const auto& batch : loader) {
     local.push_back(batch.at("x"));
     seen.push_back(accelerator.gather_for_metrics(batch.at("x")));
+    // A 0-dim value gathers to one per process, also on the last batch, which has padding.
+    EXPECT_EQ(accelerator.gather_for_metrics(torch::tensor(1.5)).sizes(),
+              at::IntArrayRef({accelerator.num_processes()}));
+    last_batches += accelerator.gradient_state().end_of_dataloader;
   }
+  EXPECT_EQ(last_batches, 1);
   EXPECT_EQ(torch::cat(local).size(0), 5);  // this rank's half of the padded 10
   EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(torch::cat(seen))), torch::arange(9)));
-  // A 0-dim value gathers to one per process, on the last batch too.
-  EXPECT_EQ(accelerator.gather_for_metrics(torch::tensor(1.5)).sizes(),
-            at::IntArrayRef({accelerator.num_processes()}));
 }
 
 // Without a seed, a shuffled prepared loader takes the main process's draw: the ranks' shards

@@ -31,14 +31,15 @@ CASES = [
     {"name": "fp32", "bf16": False},
     {"name": "bf16", "bf16": True},
     # 10 batches of 40 an epoch in accumulation windows of 4, 4 and 2 (the short one divides
-    # its losses by 2); logs every 2 updates, evaluates every 4 and at max_steps (10, not a
-    # multiple of 4); saves each epoch and at the stop, keeping only the best at the end
-    # (save_total_limit 1); logs the gradient norm without clipping.
+    # its losses by 2); logs every 2 updates, evaluates and saves every 3 and at max_steps (10,
+    # not a multiple of 3); keeps the newest and the best checkpoint, and only the best at the
+    # end (save_total_limit 1); logs the gradient norm without clipping.
     {"name": "accumulation", "bf16": False,
      "args": {"per_device_train_batch_size": 40, "gradient_accumulation_steps": 4,
               "max_steps": 10, "logging_strategy": "steps", "logging_steps": 2,
-              "eval_strategy": "steps", "eval_steps": 4, "save_strategy": "epoch",
-              "save_total_limit": 1, "metric_for_best_model": "accuracy", "max_grad_norm": 0}},
+              "eval_strategy": "steps", "eval_steps": 3, "save_strategy": "steps",
+              "save_steps": 3, "save_total_limit": 1, "metric_for_best_model": "accuracy",
+              "max_grad_norm": 0}},
 ]
 
 

@@ -74,12 +74,7 @@ void compare_with_hf(const std::string& name, Tolerance tol,
   mixprec::Trainer trainer(model, args, part(0, n_train), part(n_train, x.size(0)), accuracy);
   const auto result = trainer.train();
   const auto final_eval = trainer.evaluate();
-  std::vector<std::string> checkpoints;
-  if (fs::exists(out))
-    for (const auto& entry : fs::directory_iterator(out))
-      if (entry.path().filename().string().starts_with("checkpoint-"))
-        checkpoints.push_back(entry.path().filename().string());
-  std::ranges::sort(checkpoints);
+  const auto checkpoints = mixprec::testing::checkpoint_names(out);
   fs::remove_all(out);
   EXPECT_EQ(checkpoints, hf.at("checkpoints").get<std::vector<std::string>>());
 
@@ -112,8 +107,8 @@ void compare_with_hf(const std::string& name, Tolerance tol,
     }
   }
   // Per epoch (5), or per 2 of the 10 updates, a train entry (4 values); an eval entry (3) per
-  // epoch, or at updates 4, 8 and 10.
-  EXPECT_GE(compared, name == "accumulation" ? 5 * 4 + 3 * 3 : 5 * (4 + 3));
+  // epoch, or at updates 3, 6, 9 and 10.
+  EXPECT_GE(compared, name == "accumulation" ? 5 * 4 + 4 * 3 : 5 * (4 + 3));
 
   double to_hf = 0, to_hf_fp32 = 0;  // squared distances of all parameters
   for (const auto& param : model->named_parameters()) {
@@ -142,7 +137,8 @@ TEST(TrainerReference, Bf16MatchesTransformersTrainer) {
 }
 
 // The flow of CASES' "accumulation" in trainer_reference.py: short accumulation windows, steps
-// logging and evaluation with a last evaluation at max_steps, epoch saves and rotation.
+// logging, evaluation and saves with the last ones at max_steps, rotation that keeps the best
+// (step 9) and deletes the newest at the end (save_total_limit 1).
 TEST(TrainerReference, AccumulationStepsAndCheckpointsMatchTransformersTrainer) {
   compare_with_hf("accumulation", {1e-4, 0.0}, [](mixprec::TrainingArguments& a) {
     a.per_device_train_batch_size = 40;
@@ -151,8 +147,9 @@ TEST(TrainerReference, AccumulationStepsAndCheckpointsMatchTransformersTrainer) 
     a.logging_strategy = "steps";
     a.logging_steps = 2;
     a.eval_strategy = "steps";
-    a.eval_steps = 4;
-    a.save_strategy = "epoch";
+    a.eval_steps = 3;
+    a.save_strategy = "steps";
+    a.save_steps = 3;
     a.save_total_limit = 1;
     a.metric_for_best_model = "accuracy";
     a.max_grad_norm = 0;

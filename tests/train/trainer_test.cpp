@@ -25,6 +25,7 @@ using mixprec::TrainingArguments;
 using mixprec::train::Metrics;
 using mixprec::train::Trainer;
 using json = nlohmann::json;
+using mixprec::testing::checkpoint_names;
 using mixprec::train::TrainerControl;
 using mixprec::train::TrainerState;
 
@@ -60,15 +61,6 @@ std::pair<mixprec::data::DatasetPtr, mixprec::data::DatasetPtr> datasets() {
       std::map<std::string, at::Tensor>{{"x", task.x}, {"labels", task.labels}});
   auto parts = mixprec::data::random_split(all, {160, 64}, 0);
   return {parts[0], parts[1]};
-}
-
-std::vector<std::string> checkpoint_names(const fs::path& dir) {
-  std::vector<std::string> names;
-  for (const auto& entry : fs::directory_iterator(dir))
-    if (entry.path().filename().string().starts_with("checkpoint-"))
-      names.push_back(entry.path().filename().string());
-  std::ranges::sort(names);
-  return names;
 }
 
 at::Tensor flat_params(torch::nn::Module& m) {

@@ -193,8 +193,9 @@ class AcceleratedOptimizer {
 };
 
 /// A scheduler prepared by an Accelerator: it does not advance on an
-/// accumulation step nor on a step its optimizers skipped (no "scheduler
-/// before optimizer" drift after an fp16 overflow).
+/// accumulation step nor on a step its own optimizer skipped (any prepared
+/// optimizer's, if its own was not prepared): no "scheduler before optimizer"
+/// drift after an fp16 overflow.
 class AcceleratedScheduler {
  public:
   AcceleratedScheduler(optim::LRScheduler& scheduler, std::shared_ptr<detail::Shared> shared);

@@ -141,6 +141,8 @@ class DataLoader {
   void load_state(const DataLoaderState& state);
 
   const DataLoaderOptions& options() const { return options_; }
+  /// Sets options().seed (a resumed run takes its saved one).
+  void set_seed(uint64_t seed) { options_.seed = seed; }
   const DatasetPtr& dataset() const { return dataset_; }
 
  private:

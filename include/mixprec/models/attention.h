@@ -39,21 +39,23 @@ enum class AttentionKernel {
 ///   (8, 8, 512, 64)           44.3   69.9           86.5   70.6
 ///   (4, 12, 1024, 64)         87.7   151.8          148.5  138.4
 ///
-/// On an AMD EPYC (Zen 5: AVX512-BF16, no AMX), flash / flash on fp32 / matmul. bf16 matmul
-/// runs all its GEMMs on brgemm, the causal half skipped (another run: 0.8, 8.2, 28.5, 118);
-/// before that (the scores' GEMMs only, `637186b`): 1.1, 12.1, 53, 200; before brgemm: 1.9,
-/// 22.3, 157, 462. This machine is noisy (fp32 flash in the run before: 2.6, 31.0, 107, 235):
+/// On an AMD EPYC without AMX (AVX512-BF16), flash / flash on fp32 / matmul. The Zen 4 these
+/// figures come from (the code of `e8b0985`, one run) is noisy: fp32 flash and "flash on
+/// fp32" are the same kernel, 8% and 6% apart here. docs/speed.md's before/after figures for
+/// each change to the bf16 matmul kernel were taken on a Zen 5, at their commits: ending at
+/// 0.8-0.9, 8.2-8.8, 28.5-41 and 113-118 ms, from 1.9, 22.3, 157 and 462 before brgemm.
 ///
 ///   (B, heads, T, head dim)   fp32                bf16                fp16
-///   (8, 4, 128, 32)           3.2 / 3.1 / 2.1     6.6 / 3.2 / 0.9     13.6 / 3.3 / 2.5
-///   (8, 8, 256, 64)           34.0 / 32.9 / 25.4  35.4 / 33.0 / 8.8   182 / 32.7 / 25.2
-///   (8, 8, 512, 64)           111 / 109 / 137     104 / 116 / 41      774 / 116 / 138
-///   (4, 12, 1024, 64)         223 / 228 / 383     183 / 224 / 113     1631 / 236 / 391
+///   (8, 4, 128, 32)           3.9 / 3.6 / 2.4     8.6 / 4.1 / 1.1     19.4 / 4.2 / 3.3
+///   (8, 8, 256, 64)           41.0 / 43.9 / 50.8  42.5 / 41.7 / 11.1  375 / 39.5 / 36.4
+///   (8, 8, 512, 64)           146 / 137 / 150     117 / 119 / 28.3    795 / 113 / 145
+///   (4, 12, 1024, 64)         224 / 225 / 385     184 / 244 / 127     1718 / 246 / 400
 ///
-/// (fp32 at T = 256 stays on flash: the matmul kernel's 16% in an earlier run did not show in
-/// the large GPT-2 fp32 step, 1.002x in 5 interleaved pairs, and it keeps the (B, heads, T, T)
-/// fp32 probabilities: 16 MB a layer there. bf16 at T = 1024 stays on flash too, though matmul
-/// is 1.6x faster: its probabilities would be 96 MB a layer.)
+/// (fp32 at T = 256 stays on flash: the matmul kernel's 16% on the Zen 5 did not show in the
+/// large GPT-2 fp32 step, 1.002x in 5 interleaved pairs, it is 24% slower in the run above,
+/// and it keeps the (B, heads, T, T) fp32 probabilities: 16 MB a layer there. bf16 at T = 1024
+/// stays on flash too, though matmul is 1.45-1.6x faster: its probabilities would be 96 MB a
+/// layer.)
 ///
 /// So, with AMX-BF16 (LibTorch's bf16 kernels run on it): fp32 as is, fp16 in fp32, bf16 in
 /// fp32 up to T = 128 and natively above. Without: kMatmul up to T = 128 in every dtype and in

@@ -110,8 +110,9 @@ class Trainer {
   PredictionOutput predict(data::DatasetPtr test_dataset);
 
   void add_callback(std::shared_ptr<TrainerCallback> callback);
-  /// HF's Trainer.log: `logs` plus the epoch go to the trackers and the callbacks' on_log,
-  /// and into state().log_history with the step.
+  /// HF's Trainer.log: `logs` plus the epoch go to the callbacks' on_log and into
+  /// state().log_history with the step, and to the trackers tagged as HF's integrations tag
+  /// them (eval_x: eval/x, test_x: test/x, others: train/x).
   void log(Metrics logs);
   /// HF's get_decay_parameter_names: the parameters weight decay applies to if trained; not
   /// those of LayerNorms, nor those whose lowercased name contains "bias", "layernorm" or
