@@ -117,6 +117,7 @@ struct Trainer::Impl {
   TrainerControl control;
   bool in_train = false;
   DataPosition position;  // registered for checkpointing once, by the constructor
+  bool trackers_open = false;
 
   // The dtype of the first 16-bit parameter, if any. A model whose parameters
   // are 16-bit (pure bf16, *_full_eval) gets its floating inputs in that dtype,
@@ -327,7 +328,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     state_.is_local_process_zero = acc.is_local_main_process();
     state_.is_world_process_zero = acc.is_main_process();
   }
-  acc.init_trackers(args_.run_name.value_or("runs"));
+  open_trackers();
 
   impl.in_train = true;
   impl.control = {};
@@ -559,6 +560,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       if (!same_folder(dir, *state_.best_model_checkpoint)) fs::remove_all(dir);
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_end(a, s, c); });
   acc.end_training();
+  impl.trackers_open = false;
   return output;
 }
 
@@ -597,6 +599,14 @@ void Trainer::rotate_checkpoints(int64_t limit) const {
   }
 }
 
+// As HF's TensorBoardCallback, which makes its writer again at the next log after training:
+// evaluate() before or after train() is logged too.
+void Trainer::open_trackers() {
+  if (impl_->trackers_open) return;
+  accelerator_->init_trackers(args_.run_name.value_or("runs"));
+  impl_->trackers_open = true;
+}
+
 std::vector<std::string> Trainer::get_decay_parameter_names() const {
   static const std::regex no_decay_name(
       R"(bias|layernorm|rmsnorm|(?:^|\.)norm(?:$|\.)|_norm(?:$|\.))");
@@ -628,6 +638,7 @@ void Trainer::log(Metrics logs) {
     tagged[key.starts_with("eval_")   ? "eval/" + key.substr(5)
            : key.starts_with("test_") ? "test/" + key.substr(5)
                                       : "train/" + key] = value;
+  open_trackers();
   accelerator_->log(tagged, state_.global_step);
   impl_->call(args_, state_,
               [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_log(a, s, c, logs); });

@@ -135,11 +135,12 @@ TEST_F(TrainerTest, TrainsEvaluatesLogsAndCheckpoints) {
 }
 
 // The Classifier, whose gradients are inf on the training calls in `poisoned`.
-// With poison_loss, the loss itself is inf on those calls.
+// With poison_loss, the loss itself is inf on those calls. `losses` are the training losses.
 struct PoisonedClassifierImpl : ClassifierImpl {
   std::set<int> poisoned;
   bool poison_loss = false;
   int calls = 0;
+  std::vector<double> losses;
   mixprec::models::ModelOutput forward(const mixprec::data::Batch& batch) {
     auto out = ClassifierImpl::forward(batch);
     if (is_training() && poisoned.count(calls++)) {
@@ -148,6 +149,7 @@ struct PoisonedClassifierImpl : ClassifierImpl {
       else
         out.logits.register_hook([](at::Tensor g) { return g * INFINITY; });
     }
+    if (is_training()) losses.push_back(out.loss.item<double>());
     return out;
   }
 };
@@ -287,7 +289,7 @@ TEST_F(TrainerTest, LogsToTensorBoardWithLossScaleAndSkippedSteps) {
   auto a = args("tensorboard");
   a.fp16 = true;
   a.num_train_epochs = 2;  // 20 steps, logged every 5
-  a.report_to = {"tensorboard"};
+  a.report_to = {"tensorboard", "jsonl"};
   torch::manual_seed(0);
   PoisonedClassifier model;
   model->poisoned = {2, 3, 12};  // skipped: steps 3 and 4, then 13
@@ -319,6 +321,20 @@ TEST_F(TrainerTest, LogsToTensorBoardWithLossScaleAndSkippedSteps) {
     }
   }
   EXPECT_GE(compared, 4 * 6 + 2 * 3);
+
+  // evaluate() after training is logged too, as HF makes its writer again (counted in the JSONL
+  // log: TensorBoard's reader keeps one point per step).
+  auto eval_lines = [&] {
+    std::ifstream log(fs::path(a.output_dir) / "runs" / "log.jsonl");
+    int n = 0;
+    for (std::string line; std::getline(log, line);)
+      n += line.find("\"eval/loss\"") != std::string::npos;
+    return n;
+  };
+  EXPECT_EQ(eval_lines(), 2);
+  trainer.evaluate();
+  trainer.accelerator().end_training();
+  EXPECT_EQ(eval_lines(), 3);
   // Two skips in the first window halve the scale twice; one in the third.
   std::vector<std::pair<int64_t, double>> skipped, scale;
   for (const auto& p : scalars.at("train/skipped_steps")) skipped.emplace_back(p[0], p[1]);
@@ -514,6 +530,11 @@ TEST_F(TrainerTest, InfLossIsLoggedAsTheAverageSinceTheLastLog) {
     EXPECT_EQ(std::isfinite(losses[0]), filter) << losses[0];
     EXPECT_TRUE(std::isfinite(losses[1]));
     EXPECT_EQ(std::isfinite(out.training_loss), filter);
+    if (filter) {  // HF's rule at step 3: the sum so far grows by itself / (1 + 2 steps)
+      const auto& l = model->losses;
+      const double sum = (l[0] + l[1]) * (1 + 1.0 / 3) + l[3] + l[4];
+      EXPECT_NEAR(losses[0], sum / 5, 1e-6 * sum / 5);
+    }
   }
 }
 

@@ -135,6 +135,7 @@ class Trainer {
   void save_checkpoint();
   PredictionOutput prediction_loop(data::DatasetPtr dataset, const std::string& prefix);
   void rotate_checkpoints(int64_t limit) const;
+  void open_trackers();
   struct Impl;
   std::unique_ptr<Impl> impl_;
   TrainingArguments args_;
