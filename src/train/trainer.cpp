@@ -425,8 +425,12 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                               return keys;
                             }()),
                   ")");
-      // Without a scaler nothing would skip the step: stop before it is taken.
-      if (!acc.scaler() && !std::isfinite(out.loss.item<double>()))
+      // One host read of the loss where its value matters: without a scaler nothing would skip
+      // a non-finite step (stop before it is taken), and logging_nan_inf_filter keeps it out of
+      // the logged loss.
+      const bool read_loss = !acc.scaler() || args_.logging_nan_inf_filter;
+      const bool finite_loss = !read_loss || std::isfinite(out.loss.item<double>());
+      if (!acc.scaler() && !finite_loss)
         stop_training(c10::str("the loss is ", out.loss.item<double>(), " (",
                                acc.mixed_precision() == "no" ? "fp32" : acc.mixed_precision(),
                                ": no loss scaling to skip it)"));
@@ -435,7 +439,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       const at::Tensor step_loss = loss.detach().to(at::kFloat).cpu();
       // As HF's logging_nan_inf_filter: an inf/NaN loss (a skipped fp16 step) counts as the
       // average of those since the last log.
-      if (args_.logging_nan_inf_filter && !std::isfinite(step_loss.item<float>()))
+      if (args_.logging_nan_inf_filter && !finite_loss)
         loss_since_log.add_(loss_since_log /
                             static_cast<double>(1 + state_.global_step - last_logged_step));
       else
@@ -546,8 +550,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                       {"total_flos", state_.total_flos},
                       {"train_loss", train_loss}}};
   output.stopped_by_signal = stopped_by;
-  output.metrics["epoch"] = state_.epoch;  // as HF's log() adds it to the caller's dict
-  log(output.metrics);
+  log_in_place(output.metrics);
   // Then, as HF's _finalize_training: the best model, and with save_total_limit 1 only the best
   // checkpoint stays.
   if (args_.load_best_model_at_end && state_.best_model_checkpoint && !stopped_by) {
@@ -626,7 +629,10 @@ std::vector<std::string> Trainer::get_decay_parameter_names() const {
   return names;
 }
 
-void Trainer::log(Metrics logs) {
+void Trainer::log(Metrics logs) { log_in_place(logs); }
+
+// As HF's log(), which adds the epoch to the caller's dict: evaluate() and train() return it.
+void Trainer::log_in_place(Metrics& logs) {
   logs["epoch"] = state_.epoch;
   Metrics entry = logs;
   entry["step"] = static_cast<double>(state_.global_step);
@@ -648,8 +654,7 @@ Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
   if (!eval_dataset) eval_dataset = impl_->eval_dataset;
   TORCH_CHECK(eval_dataset, "Trainer::evaluate: no eval_dataset");
   Metrics metrics = prediction_loop(eval_dataset, "eval").metrics;
-  metrics["epoch"] = state_.epoch;  // as HF's log() adds it to the caller's dict
-  log(metrics);
+  log_in_place(metrics);
   impl_->call(args_, state_,
               [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_evaluate(a, s, c, metrics); });
   return metrics;

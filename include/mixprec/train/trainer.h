@@ -136,6 +136,7 @@ class Trainer {
   PredictionOutput prediction_loop(data::DatasetPtr dataset, const std::string& prefix);
   void rotate_checkpoints(int64_t limit) const;
   void open_trackers();
+  void log_in_place(Metrics& logs);
   struct Impl;
   std::unique_ptr<Impl> impl_;
   TrainingArguments args_;
