@@ -1,6 +1,7 @@
 #include "mixprec/accelerate/accelerator.h"
 
 #include "mixprec/io/checkpoint.h"
+#include "mixprec/io/safetensors.h"
 #include "mixprec/optim/clip_grad.h"
 #include "mixprec/optim/optimizer_in_backward.h"
 
@@ -15,7 +16,11 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
+#include <exception>
 #include <mutex>
+#include <set>
+#include <tuple>
 
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -137,8 +142,23 @@ PreparedDataLoader::PreparedDataLoader(std::shared_ptr<data::DataLoader> loader,
                                        std::shared_ptr<detail::Shared> shared)
     : loader_(std::move(loader)), shared_(std::move(shared)) {}
 
+PreparedDataLoader Accelerator::skip_first_batches(const PreparedDataLoader& loader,
+                                                   size_t num_batches) const {
+  TORCH_CHECK(num_batches <= loader.loader_->size(),
+              "Accelerator::skip_first_batches: ", num_batches, " batches to skip, but a pass has ",
+              loader.loader_->size());
+  PreparedDataLoader skipping = loader;
+  skipping.skip_batches_ = num_batches;
+  return skipping;
+}
+
 PreparedDataLoader::Iterator PreparedDataLoader::begin() {
   shared_->gradient_state.end_of_dataloader = false;
+  if (skip_batches_ > 0) {
+    const auto state = loader_->state();
+    if (!loader_->resume_pending() || state.batches_yielded < static_cast<int64_t>(skip_batches_))
+      loader_->load_state({state.epoch, static_cast<int64_t>(skip_batches_)});
+  }
   Iterator it;
   it.owner_ = this;
   it.it_ = loader_->begin();
@@ -191,9 +211,37 @@ std::string nth(const std::string& stem, size_t n, const std::string& extension)
 
 }  // namespace
 
-void Accelerator::save_state(const std::string& dir,
-                             const std::map<std::string, std::string>& extra_files) {
+std::filesystem::path Accelerator::checkpoints_dir() const {
+  return std::filesystem::path(shared_->options.project_dir) / "checkpoints";
+}
+
+std::filesystem::path Accelerator::save_state(
+    const std::optional<std::string>& dir_name,
+    const std::map<std::string, std::string>& extra_files) {
   using nlohmann::json;
+  auto& project = shared_->options.project_config;
+  std::filesystem::path dir;
+  if (dir_name) {
+    dir = *dir_name;
+  } else {
+    TORCH_CHECK(project.automatic_checkpoint_naming,
+                "Accelerator::save_state: no folder given, and "
+                "project_config.automatic_checkpoint_naming is off");
+    const auto root = checkpoints_dir();
+    dir = root / ("checkpoint_" + std::to_string(project.iteration));
+    TORCH_CHECK(!std::filesystem::exists(dir), "Accelerator::save_state: checkpoint folder ",
+                dir.string(), " (iteration ", project.iteration,
+                ") already exists; set project_configuration().iteration to the number to go on "
+                "from");
+    if (is_main_process()) {
+      io::remove_unfinished_checkpoints(root, "checkpoint_");
+      const auto old = io::checkpoints(root, "checkpoint_");
+      if (project.total_limit) {  // the oldest go, to make room for the new one
+        const auto keep = static_cast<size_t>(std::max<int64_t>(*project.total_limit - 1, 0));
+        for (size_t i = 0; i + keep < old.size(); ++i) std::filesystem::remove_all(old[i].second);
+      }
+    }
+  }
   // Every process's generators, gathered to the main process that writes.
   std::vector<io::TensorMap> rng_states;
   io::TensorMap own = io::rng_state();
@@ -245,12 +293,28 @@ void Accelerator::save_state(const std::string& dir,
     writer.commit();
   }
   wait_for_everyone();
+  ++project.iteration;
+  return dir;
 }
 
-void Accelerator::load_state(const std::string& dir_name) {
+void Accelerator::load_state(const std::optional<std::string>& dir_name) {
   using nlohmann::json;
-  const std::filesystem::path dir(dir_name);
-  io::verify_checkpoint(dir);
+  std::filesystem::path dir;
+  if (dir_name) {
+    dir = *dir_name;
+    io::verify_checkpoint(dir);
+  } else {
+    auto& project = shared_->options.project_config;
+    TORCH_CHECK(project.automatic_checkpoint_naming,
+                "Accelerator::load_state: no folder given, and "
+                "project_config.automatic_checkpoint_naming is off");
+    const auto root = checkpoints_dir();
+    const auto last = io::last_good_checkpoint(root, "checkpoint_");
+    TORCH_CHECK(last, "Accelerator::load_state: no checkpoint_N folder in ", root.string());
+    dir = *last;
+    // The next save goes after every folder there, a damaged newer one included.
+    project.iteration = io::checkpoints(root, "checkpoint_").back().first + 1;
+  }
   auto read_json = [&](const std::string& name) {
     const auto file = dir / name;
     try {
@@ -312,6 +376,43 @@ void Accelerator::load_state(const std::string& dir_name) {
               (dir / "accelerator.json").string(), ": expected {\"step\": integer >= 0}, got ",
               accelerator_state.dump());
   shared_->step = step.get<int64_t>();
+}
+
+namespace {
+
+// PyTorch's state_dict order (each module's parameters, its buffers, then its children's),
+// a tensor already there under another name (a tied weight) left out, as Accelerate does.
+void collect_state(
+    const torch::nn::Module& module, const std::string& prefix,
+    std::vector<std::pair<std::string, at::Tensor>>& state,
+    std::set<std::tuple<const void*, std::vector<int64_t>, std::vector<int64_t>>>& seen) {
+  auto add = [&](const std::string& name, const at::Tensor& t) {
+    if (!t.defined()) return;
+    if (t.numel() == 0 || seen.emplace(t.data_ptr(), t.sizes().vec(), t.strides().vec()).second)
+      state.emplace_back(prefix + name, t.detach());
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) add(p.key(), p.value());
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) add(b.key(), b.value());
+  for (const auto& child : module.named_children())
+    collect_state(*child.value(), prefix + child.key() + ".", state, seen);
+}
+
+}  // namespace
+
+void Accelerator::save_model(const torch::nn::Module& model, const std::string& save_directory,
+                             const std::string& max_shard_size) const {
+  const int64_t max_shard_bytes = io::parse_size(max_shard_size);
+  const std::filesystem::path dir(save_directory);
+  TORCH_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir),
+              "Accelerator::save_model: ", dir.string(), " should be a folder, not a file");
+  if (is_main_process()) {
+    std::vector<std::pair<std::string, at::Tensor>> state;
+    std::set<std::tuple<const void*, std::vector<int64_t>, std::vector<int64_t>>> seen;
+    collect_state(model, "", state, seen);
+    std::filesystem::create_directories(dir);
+    io::save_sharded_safetensors(dir, state, max_shard_bytes);
+  }
+  wait_for_everyone();
 }
 
 AcceleratedOptimizer::AcceleratedOptimizer(torch::optim::Optimizer& optimizer,
@@ -481,6 +582,102 @@ at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) const {
   const at::Tensor keep = at::arange(tensor.size(0)) < (tensor.size(0) - padding);
   const at::Tensor all_keep = gather(keep.to(at::kByte)).to(at::kBool);
   return gather(tensor).index({all_keep.to(tensor.device())});
+}
+
+Accelerator::GoesFirstGuard::GoesFirstGuard(const Accelerator& accelerator, bool first)
+    : accelerator_(accelerator), first_(first) {
+  if (!first_) accelerator_.wait_for_everyone();
+}
+
+// Not when the block threw: as Accelerate's, and a barrier must not throw out of here.
+Accelerator::GoesFirstGuard::~GoesFirstGuard() {
+  if (first_ && std::uncaught_exceptions() == 0) accelerator_.wait_for_everyone();
+}
+
+bool Accelerator::check_trigger() {
+  at::Tensor raised = at::scalar_tensor(shared_->trigger ? 1 : 0, at::kLong).reshape({1});
+  if (shared_->group) shared_->group->all_reduce_(raised);
+  if (raised.item<int64_t>() == 0) return false;
+  shared_->trigger = false;
+  return true;
+}
+
+at::Tensor Accelerator::pad_across_processes(const at::Tensor& tensor, int64_t dim,
+                                             const at::Scalar& pad_index, bool pad_first) const {
+  const int64_t ndim = tensor.dim();
+  if (!shared_->group || dim >= ndim || dim < -ndim) return tensor;
+  if (dim < 0) dim += ndim;
+  const at::Tensor ndims = shared_->group->all_gather(at::full({1}, ndim, at::kLong));
+  TORCH_CHECK((ndims == ndim).all().item<bool>(),
+              "Accelerator::pad_across_processes: the processes' tensors have different numbers "
+              "of dimensions: ",
+              ndims);
+  const int64_t longest =
+      shared_->group->all_gather(at::full({1}, tensor.size(dim), at::kLong)).max().item<int64_t>();
+  if (tensor.size(dim) == longest) return tensor;
+  auto sizes = tensor.sizes().vec();
+  sizes[static_cast<size_t>(dim)] = longest;
+  at::Tensor padded = at::full(sizes, pad_index, tensor.options());
+  const int64_t start = pad_first ? longest - tensor.size(dim) : 0;
+  padded.narrow(dim, start, tensor.size(dim)).copy_(tensor);
+  return padded;
+}
+
+std::vector<std::string> Accelerator::gather_object(const std::vector<std::string>& objects) const {
+  if (!shared_->group) return objects;
+  // Lengths, then bytes, each padded to the longest process's.
+  std::vector<int64_t> lengths;
+  std::string bytes;
+  for (const auto& object : objects) {
+    lengths.push_back(static_cast<int64_t>(object.size()));
+    bytes += object;
+  }
+  auto gather_padded = [&](at::Tensor local) {
+    const at::Tensor sizes = shared_->group->all_gather(at::full({1}, local.numel(), at::kLong));
+    at::Tensor padded = at::zeros({sizes.max().item<int64_t>()}, local.options());
+    padded.narrow(0, 0, local.numel()).copy_(local);
+    return std::pair(shared_->group->all_gather(padded.unsqueeze(0)), sizes);
+  };
+  const auto [all_lengths, counts] = gather_padded(at::tensor(lengths, at::kLong).reshape({-1}));
+  at::Tensor local_bytes = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+  if (!bytes.empty()) std::memcpy(local_bytes.data_ptr(), bytes.data(), bytes.size());
+  const auto [all_bytes, byte_counts] = gather_padded(local_bytes);
+  std::vector<std::string> gathered;
+  for (int64_t r = 0; r < all_lengths.size(0); ++r) {
+    const auto* data = all_bytes[r].data_ptr<uint8_t>();
+    int64_t offset = 0;
+    for (int64_t i = 0; i < counts[r].item<int64_t>(); ++i) {
+      const int64_t n = all_lengths[r][i].item<int64_t>();
+      gathered.push_back(n == 0 ? std::string()
+                                : std::string(reinterpret_cast<const char*>(data) + offset,
+                                              static_cast<size_t>(n)));
+      offset += n;
+    }
+  }
+  return gathered;
+}
+
+Accelerator::Share Accelerator::share(size_t size, bool apply_padding) const {
+  const auto n = static_cast<size_t>(num_processes()), i = static_cast<size_t>(process_index());
+  const size_t quotient = size / n, remainder = size % n;
+  const size_t begin = i * quotient + std::min(i, remainder);
+  const size_t end = begin + quotient + (i < remainder ? 1 : 0);
+  return {begin, end, apply_padding ? quotient + (remainder > 0 ? 1 : 0) : end - begin};
+}
+
+at::Tensor Accelerator::split_between_processes(const at::Tensor& inputs,
+                                                bool apply_padding) const {
+  TORCH_CHECK(inputs.dim() > 0,
+              "Accelerator::split_between_processes: a 0-dim tensor has no "
+              "samples to split");
+  if (num_processes() == 1) return inputs;
+  const auto [begin, end, padded] = share(static_cast<size_t>(inputs.size(0)), apply_padding);
+  at::Tensor part = inputs.slice(0, static_cast<int64_t>(begin), static_cast<int64_t>(end));
+  if (part.size(0) == static_cast<int64_t>(padded)) return part;
+  const at::Tensor last = inputs.narrow(0, inputs.size(0) - 1, 1);
+  auto sizes = last.sizes().vec();
+  sizes[0] = static_cast<int64_t>(padded) - part.size(0);
+  return at::cat({part, last.expand(sizes)});
 }
 
 at::Tensor Accelerator::reduce(const at::Tensor& tensor, const std::string& reduction) const {

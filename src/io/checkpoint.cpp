@@ -14,6 +14,8 @@
 #include <torch/optim/sgd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
 #include <regex>
@@ -323,11 +325,15 @@ void verify_checkpoint(const std::filesystem::path& dir) {
 
 namespace {
 
-// checkpoint-N folders of `dir` (N parsed), and the leftovers of killed writers.
+// <prefix>N folders of `dir` (N parsed), or the leftovers of killed writers.
 std::vector<std::pair<int64_t, std::filesystem::path>> checkpoint_folders(
-    const std::filesystem::path& dir, bool unfinished) {
-  static const std::regex done("checkpoint-([0-9]+)");
-  static const std::regex partial("checkpoint-[0-9]+\\.(tmp|old)-[0-9]+");
+    const std::filesystem::path& dir, const std::string& prefix, bool unfinished) {
+  TORCH_CHECK(
+      std::ranges::all_of(
+          prefix, [](unsigned char c) { return std::isalnum(c) != 0 || c == '-' || c == '_'; }),
+      "checkpoint folder prefix '", prefix, "': expected letters, digits, '-' or '_'");
+  const std::regex done(prefix + "([0-9]+)");
+  const std::regex partial(prefix + "[0-9]+\\.(tmp|old)-[0-9]+");
   std::vector<std::pair<int64_t, std::filesystem::path>> found;
   if (!std::filesystem::is_directory(dir)) return found;
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
@@ -346,12 +352,13 @@ std::vector<std::pair<int64_t, std::filesystem::path>> checkpoint_folders(
 }  // namespace
 
 std::vector<std::pair<int64_t, std::filesystem::path>> checkpoints(
-    const std::filesystem::path& output_dir) {
-  return checkpoint_folders(output_dir, /*unfinished=*/false);
+    const std::filesystem::path& output_dir, const std::string& prefix) {
+  return checkpoint_folders(output_dir, prefix, /*unfinished=*/false);
 }
 
-std::optional<std::filesystem::path> last_good_checkpoint(const std::filesystem::path& output_dir) {
-  const auto folders = checkpoints(output_dir);
+std::optional<std::filesystem::path> last_good_checkpoint(const std::filesystem::path& output_dir,
+                                                          const std::string& prefix) {
+  const auto folders = checkpoints(output_dir, prefix);
   for (auto it = folders.rbegin(); it != folders.rend(); ++it) {
     try {
       verify_checkpoint(it->second);
@@ -364,9 +371,10 @@ std::optional<std::filesystem::path> last_good_checkpoint(const std::filesystem:
   return std::nullopt;
 }
 
-int remove_unfinished_checkpoints(const std::filesystem::path& output_dir) {
+int remove_unfinished_checkpoints(const std::filesystem::path& output_dir,
+                                  const std::string& prefix) {
   int removed = 0;
-  for (const auto& [n, path] : checkpoint_folders(output_dir, /*unfinished=*/true)) {
+  for (const auto& [n, path] : checkpoint_folders(output_dir, prefix, /*unfinished=*/true)) {
     std::filesystem::remove_all(path);
     ++removed;
   }

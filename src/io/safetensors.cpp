@@ -8,10 +8,14 @@
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
+#include <regex>
 #include <sstream>
 
 namespace mixprec::io {
@@ -159,6 +163,71 @@ TensorMap parse_safetensors(std::string_view bytes, const std::string& file,
     tensors.emplace(name, std::move(t));
   }
   return tensors;
+}
+
+int64_t parse_size(const std::string& size) {
+  static const std::regex format(
+      R"(\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGTkmgt][Bb])\s*)");
+  std::smatch m;
+  TORCH_CHECK(std::regex_match(size, m, format), "size '", size,
+              "': expected a number and a unit of KB, MB, GB or TB, as \"10GB\"");
+  const std::map<char, double> units{{'K', 1e3}, {'M', 1e6}, {'G', 1e9}, {'T', 1e12}};
+  const double bytes = std::stod(m[1]) * units.at(static_cast<char>(std::toupper(m[2].str()[0])));
+  TORCH_CHECK(bytes < 9e18, "size '", size, "' is too large");
+  return static_cast<int64_t>(bytes);  // truncated, as int() in Python
+}
+
+std::vector<std::string> save_sharded_safetensors(
+    const std::filesystem::path& dir,
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes) {
+  std::vector<TensorMap> shards;
+  TensorMap current;
+  int64_t current_bytes = 0, total_bytes = 0;
+  for (const auto& [name, tensor] : tensors) {
+    const int64_t bytes = static_cast<int64_t>(tensor.nbytes());
+    total_bytes += bytes;
+    if (bytes > max_shard_bytes) {  // alone, ahead of the shard being filled
+      shards.push_back({{name, tensor}});
+      continue;
+    }
+    if (current_bytes + bytes > max_shard_bytes) {
+      shards.push_back(std::move(current));
+      current.clear();
+      current_bytes = 0;
+    }
+    current[name] = tensor;
+    current_bytes += bytes;
+  }
+  if (!current.empty()) shards.push_back(std::move(current));
+  if (shards.empty()) shards.emplace_back();  // a model without tensors: an empty file
+  const std::map<std::string, std::string> metadata{{"format", "pt"}};
+  std::vector<std::string> written;
+  json weight_map = json::object();
+  for (size_t i = 0; i < shards.size(); ++i) {
+    std::string name = "model.safetensors";
+    if (shards.size() > 1) {
+      char suffix[32];
+      std::snprintf(suffix, sizeof suffix, "-%05zu-of-%05zu", i + 1, shards.size());
+      name = std::string("model") + suffix + ".safetensors";
+    }
+    save_safetensors(dir / name, shards[i], metadata);
+    for (const auto& [tensor_name, t] : shards[i]) weight_map[tensor_name] = name;
+    written.push_back(std::move(name));
+  }
+  if (shards.size() > 1) {
+    const json index{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
+    write_file_atomically(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+    written.emplace_back("model.safetensors.index.json");
+  }
+  static const std::regex model_file(
+      R"(model(-[0-9]{5}-of-[0-9]{5})?\.safetensors(\.index\.json)?)");
+  for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+    const std::string name = entry.path().filename().string();
+    if (entry.is_regular_file() && std::regex_match(name, model_file) &&
+        std::ranges::find(written, name) == written.end())
+      std::filesystem::remove(entry.path());
+  }
+  return written;
 }
 
 void save_safetensors(const std::filesystem::path& path, const TensorMap& tensors,

@@ -2,6 +2,7 @@
 //   torchrun --nproc-per-node 2 --no-python mixprec_dist_tests
 // Every rank runs every test, in the same order, so collectives pair up.
 #include "mixprec/accelerate/accelerator.h"
+#include "mixprec/io/checkpoint.h"
 #include "mixprec/models/gpt2.h"
 #include "mixprec/models/mlp_classifier.h"
 #include "mixprec/optim/adamw.h"
@@ -394,6 +395,91 @@ TEST_F(DataParallel, CompressedLossCurveFollowsFp32) {
     for (size_t i = 0; i < fp32.size(); ++i)
       EXPECT_NEAR(compressed[i], fp32[i], rtol * fp32[i]) << "step " << i;
   }
+}
+
+// Under no_sync the backward keeps each rank's gradient; the next synced backward averages
+// what each rank accumulated, as DDP's no_sync does.
+TEST_F(DataParallel, NoSyncKeepsGradientsOnEachProcessUntilTheNextSync) {
+  auto net = make_net();
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = accelerator.prepare(net, sgd);
+  auto local = make_net();  // the same weights, never all-reduced
+  {
+    torch::NoGradGuard no_grad;
+    auto src = net->parameters(), dst = local->parameters();
+    for (size_t i = 0; i < src.size(); ++i) dst[i].copy_(src[i]);
+  }
+  torch::manual_seed(1 + accelerator.process_index());  // different data on each rank
+  const auto x1 = torch::randn({4, 6}), x2 = torch::randn({4, 6});
+  auto first_grad = [&] { return net->parameters()[0].grad().clone(); };
+  {
+    auto no_sync = accelerator.no_sync(model);
+    accelerator.backward(model(x1).sum());
+  }
+  local->forward(x1).sum().backward();
+  const auto all = accelerator.gather(first_grad().unsqueeze(0));
+  EXPECT_FALSE(torch::equal(all[0], all[1]));
+  EXPECT_TRUE(torch::equal(first_grad(), local->parameters()[0].grad()));
+  accelerator.backward(model(x2).sum());
+  local->forward(x2).sum().backward();
+  expect_same_on_every_rank(accelerator, first_grad());
+  EXPECT_TRUE(torch::allclose(
+      first_grad(), accelerator.reduce(local->parameters()[0].grad(), "mean"), 1e-6, 1e-6));
+}
+
+// Accelerate's utilities beside gather, on 2 processes.
+TEST_F(DataParallel, PadGatherObjectSplitTriggerAndGoingFirst) {
+  const int64_t rank = accelerator.process_index(), world = accelerator.num_processes();
+  ASSERT_EQ(world, 2);
+  // Rank r holds r + 1 values: padded to 2, after them or before.
+  const auto mine = torch::arange(rank + 1);
+  EXPECT_TRUE(torch::equal(accelerator.gather(accelerator.pad_across_processes(mine, 0, -1)),
+                           torch::tensor({0, -1, 0, 1})));
+  EXPECT_TRUE(torch::equal(
+      accelerator.gather(accelerator.pad_across_processes(mine, 0, -1, /*pad_first=*/true)),
+      torch::tensor({-1, 0, 0, 1})));
+  EXPECT_EQ(accelerator.pad_across_processes(torch::ones({3, rank + 1}), 1).sizes(),
+            at::IntArrayRef({3, 2}));
+  EXPECT_TRUE(accelerator.pad_across_processes(mine, 1).is_same(mine));  // beyond its dims
+
+  const std::vector<std::string> objects =
+      rank == 0 ? std::vector<std::string>{"zero", ""} : std::vector<std::string>{"one"};
+  EXPECT_EQ(accelerator.gather_object(objects), (std::vector<std::string>{"zero", "", "one"}));
+
+  const std::vector<int> five{0, 1, 2, 3, 4};
+  const std::vector<int> share = rank == 0 ? std::vector<int>{0, 1, 2} : std::vector<int>{3, 4};
+  const std::vector<int> padded = rank == 0 ? std::vector<int>{0, 1, 2} : std::vector<int>{3, 4, 4};
+  EXPECT_EQ(accelerator.split_between_processes(five), share);
+  EXPECT_EQ(accelerator.split_between_processes(five, true), padded);
+  EXPECT_TRUE(
+      torch::equal(accelerator.split_between_processes(torch::arange(5).reshape({5, 1}), true),
+                   rank == 0 ? torch::tensor({{0}, {1}, {2}}) : torch::tensor({{3}, {4}, {4}})));
+
+  if (rank == 1) accelerator.set_trigger();
+  EXPECT_TRUE(accelerator.check_trigger());
+  EXPECT_FALSE(accelerator.check_trigger());
+
+  // Rank 0's folder, for both.
+  const auto main_pid = accelerator.gather(torch::tensor({static_cast<int64_t>(getpid())}))[0];
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("mixprec_dp_first_" + std::to_string(main_pid.item<int64_t>()));
+  {
+    auto first = accelerator.main_process_first();
+    if (rank == 0) std::filesystem::create_directories(dir / "made_by_main");
+    EXPECT_TRUE(std::filesystem::exists(dir / "made_by_main"));
+  }
+  // Automatic checkpoint naming: the main process writes and rotates, every rank counts.
+  Accelerator saving({.project_dir = dir.string(),
+                      .project_config = {.automatic_checkpoint_naming = true, .total_limit = 1}});
+  auto net = make_net();
+  auto model = saving.prepare(net);
+  saving.save_state();
+  saving.save_state();
+  EXPECT_EQ(saving.save_iteration(), 2);
+  EXPECT_EQ(mixprec::io::checkpoints(dir / "checkpoints", "checkpoint_").size(), 1u);
+  saving.load_state();
+  saving.wait_for_everyone();
+  if (rank == 0) std::filesystem::remove_all(dir);
 }
 
 }  // namespace

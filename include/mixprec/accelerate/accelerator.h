@@ -17,6 +17,7 @@
 
 #include <concepts>
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -26,6 +27,18 @@
 #include <vector>
 
 namespace mixprec::accelerate {
+
+/// Accelerate's ProjectConfiguration, less its project_dir (AcceleratorOptions::project_dir).
+struct ProjectConfiguration {
+  /// save_state() without a folder saves into project_dir/checkpoints/checkpoint_{iteration},
+  /// and load_state() without one loads the newest of those.
+  bool automatic_checkpoint_naming = false;
+  /// With automatic naming, save_state() first deletes the oldest checkpoints to keep at
+  /// most this many, the new one included (unset: keeps all).
+  std::optional<int64_t> total_limit = std::nullopt;
+  /// The number of the next automatically named checkpoint; every save_state() adds 1.
+  int64_t iteration = 0;
+};
 
 /// Options of `Accelerator`, with HF Accelerate's defaults.
 struct AcceleratorOptions {
@@ -48,8 +61,10 @@ struct AcceleratorOptions {
   dist::GradientReducerOptions ddp = {};
   /// Trackers for `log()`: "tensorboard", "jsonl" (Accelerate's log_with).
   std::vector<std::string> log_with = {};
-  /// Where `init_trackers(name)` puts them: project_dir/name.
+  /// Where `init_trackers(name)` puts them (project_dir/name), and automatically named
+  /// checkpoints (project_dir/checkpoints).
   std::string project_dir = ".";
+  ProjectConfiguration project_config = {};
   /// Watches the numerics of the first prepared model (a mixprec extra, off
   /// by default): its figures go to the trackers at the inspected steps.
   std::optional<log::NumericsMonitorOptions> numerics_monitor = std::nullopt;
@@ -102,6 +117,7 @@ struct Shared {
   std::vector<std::shared_ptr<data::DataLoader>> loaders;
   std::vector<std::unique_ptr<log::Tracker>> trackers;  // main process only
   std::shared_ptr<log::NumericsMonitor> monitor;        // when asked for
+  bool trigger = false;                                 // set_trigger() on this process
 
   int64_t num_processes() const { return group ? group->world_size() : 1; }
   void unscale(torch::optim::Optimizer& optimizer, OptimizerFlags& flags);
@@ -158,7 +174,8 @@ class PreparedModel {
   /// for models whose entry point has another name or signature.
   template <typename F>
   auto run(F&& forward) {
-    if (reducer_ && at::GradMode::is_enabled() && shared_->gradient_state.sync_gradients)
+    if (reducer_ && reducer_->require_backward_grad_sync() && at::GradMode::is_enabled() &&
+        shared_->gradient_state.sync_gradients)
       reducer_->prepare_for_backward();
     std::optional<amp::Autocast> autocast;
     if (shared_->autocast_dtype) autocast.emplace(shared_->device.type(), *shared_->autocast_dtype);
@@ -169,9 +186,10 @@ class PreparedModel {
   M unwrap() const { return module_; }
 
  private:
+  friend class Accelerator;  // no_sync
   M module_;
   std::shared_ptr<detail::Shared> shared_;
-  std::shared_ptr<dist::GradientReducer> reducer_;
+  std::shared_ptr<dist::GradientReducer> reducer_;  // null in one process
 };
 
 /// An optimizer prepared by an Accelerator: `step()` and `zero_grad()` act on
@@ -214,7 +232,8 @@ class AcceleratedScheduler {
 /// accumulation window, and its padding for gather_for_metrics). As in
 /// Accelerate, each pass that runs to its end moves to the next epoch (and
 /// shuffle order) by itself; set_epoch() sets it. Its position is saved and
-/// restored with the accelerator's state.
+/// restored with the accelerator's state. `Accelerator::skip_first_batches`
+/// gives a view of it that starts each pass further in.
 class PreparedDataLoader {
  public:
   PreparedDataLoader(std::shared_ptr<data::DataLoader> loader,
@@ -240,12 +259,15 @@ class PreparedDataLoader {
   Iterator begin();
   Iterator end();
   void set_epoch(int64_t epoch) { loader_->set_epoch(epoch); }
-  size_t size() const { return loader_->size(); }
+  /// Batches a pass yields: the epoch's, less those skipped.
+  size_t size() const { return loader_->size() - skip_batches_; }
   data::DataLoader& loader() const { return *loader_; }
 
  private:
+  friend class Accelerator;  // skip_first_batches
   std::shared_ptr<data::DataLoader> loader_;
   std::shared_ptr<detail::Shared> shared_;
+  size_t skip_batches_ = 0;
 };
 
 /// HF Accelerate's `Accelerator`: mixed precision, gradient accumulation and
@@ -298,6 +320,13 @@ class Accelerator {
                                          data::CollateFn collate = {});
   AcceleratedScheduler prepare_one(optim::LRScheduler& scheduler);
 
+  /// Accelerate's skip_first_batches: `loader` (the same loader: its epoch and position are
+  /// shared) with each pass starting at batch `num_batches` of the epoch, e.g. to go on from
+  /// a step count mid-epoch; the skipped batches are not read. A position that load_state()
+  /// restored further in wins, so a script that loads a state and also skips the steps it
+  /// had done (Accelerate's examples, whose loaders need the skip) does not skip twice.
+  PreparedDataLoader skip_first_batches(const PreparedDataLoader& loader, size_t num_batches) const;
+
   /// Divides the loss by gradient_accumulation_steps and back-propagates it,
   /// scaled in fp16.
   void backward(const at::Tensor& loss);
@@ -316,6 +345,32 @@ class Accelerator {
     AccumulateGuard() = default;
   };
   [[nodiscard]] AccumulateGuard accumulate();
+  /// Accelerate's no_sync(model): while the guard lives, the backward passes of
+  /// `model`'s forwards keep their gradients on each process (no all-reduce; DDP's
+  /// no_sync), to accumulate them by hand. A no-op in one process.
+  class NoSyncGuard {
+   public:
+    ~NoSyncGuard() {
+      if (reducer_) reducer_->set_require_backward_grad_sync(previous_);
+    }
+    NoSyncGuard(const NoSyncGuard&) = delete;
+    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+
+   private:
+    friend class Accelerator;
+    explicit NoSyncGuard(std::shared_ptr<dist::GradientReducer> reducer)
+        : reducer_(std::move(reducer)) {
+      if (!reducer_) return;
+      previous_ = reducer_->require_backward_grad_sync();
+      reducer_->set_require_backward_grad_sync(false);
+    }
+    std::shared_ptr<dist::GradientReducer> reducer_;
+    bool previous_ = true;
+  };
+  template <ModuleHandle M>
+  [[nodiscard]] NoSyncGuard no_sync(const PreparedModel<M>& model) const {
+    return NoSyncGuard(model.reducer_);
+  }
   bool sync_gradients() const { return shared_->gradient_state.sync_gradients; }
   const GradientState& gradient_state() const { return shared_->gradient_state; }
   GradientState& gradient_state() { return shared_->gradient_state; }
@@ -360,6 +415,35 @@ class Accelerator {
   }
   /// A barrier across the processes.
   void wait_for_everyone() const;
+  /// Guard of main_process_first(): a process that goes first waits for the others when
+  /// the guard ends; the others wait for it when the guard begins.
+  class GoesFirstGuard {
+   public:
+    ~GoesFirstGuard();
+    GoesFirstGuard(const GoesFirstGuard&) = delete;
+    GoesFirstGuard& operator=(const GoesFirstGuard&) = delete;
+
+   private:
+    friend class Accelerator;
+    GoesFirstGuard(const Accelerator& accelerator, bool first);
+    const Accelerator& accelerator_;
+    bool first_;
+  };
+  /// Accelerate's main_process_first(): the main process runs the guarded block (e.g. to
+  /// make a cache the others then read) before the other processes run it. Every process
+  /// must hold one.
+  [[nodiscard]] GoesFirstGuard main_process_first() const {
+    return GoesFirstGuard(*this, is_main_process());
+  }
+  /// The same with each machine's local main process going first.
+  [[nodiscard]] GoesFirstGuard local_main_process_first() const {
+    return GoesFirstGuard(*this, is_local_main_process());
+  }
+  /// Accelerate's set_trigger(): raises this process's flag, e.g. to stop early on a
+  /// condition only one process saw. check_trigger() (every process must call it) says
+  /// whether any process raised it since, and then lowers it everywhere.
+  void set_trigger() { shared_->trigger = true; }
+  bool check_trigger();
 
   /// Gathers `tensor` from every process along dim 0.
   at::Tensor gather(const at::Tensor& tensor) const;
@@ -368,18 +452,70 @@ class Accelerator {
   at::Tensor gather_for_metrics(const at::Tensor& tensor) const;
   /// Sums ("sum") or averages ("mean") `tensor` over the processes.
   at::Tensor reduce(const at::Tensor& tensor, const std::string& reduction = "sum") const;
+  /// Accelerate's pad_across_processes: `tensor` padded along `dim` to the longest of the
+  /// processes' tensors (every process must call it), with `pad_index` after the data, or
+  /// before it with pad_first. Unchanged when `dim` is beyond the tensor's dims, as in
+  /// Accelerate. The dtype stays the tensor's.
+  at::Tensor pad_across_processes(const at::Tensor& tensor, int64_t dim = 0,
+                                  const at::Scalar& pad_index = 0, bool pad_first = false) const;
+  /// accelerate.utils.gather_object, for text: every process's `objects`, concatenated in
+  /// process order (serialize other objects first, e.g. as JSON).
+  std::vector<std::string> gather_object(const std::vector<std::string>& objects) const;
+  /// Accelerate's split_between_processes: this process's contiguous share of `inputs`,
+  /// the first size % num_processes() processes taking one more; with apply_padding, a
+  /// short share is padded with copies of the last element, so that all are as long (for
+  /// gather()). All of `inputs` in one process.
+  template <typename T>
+  std::vector<T> split_between_processes(const std::vector<T>& inputs,
+                                         bool apply_padding = false) const {
+    if (num_processes() == 1) return inputs;
+    const auto [begin, end, padded] = share(inputs.size(), apply_padding);
+    std::vector<T> part(inputs.begin() + static_cast<std::ptrdiff_t>(begin),
+                        inputs.begin() + static_cast<std::ptrdiff_t>(end));
+    if (part.size() < padded) part.resize(padded, inputs.back());
+    return part;
+  }
+  /// The same along dim 0 of a tensor (padded with copies of its last row).
+  at::Tensor split_between_processes(const at::Tensor& inputs, bool apply_padding = false) const;
 
   /// Saves everything prepared (models, optimizers, schedulers), the
   /// GradScaler, every process's random number generators and the registered
   /// objects into `dir`, atomically: safetensors for tensors, JSON for the
   /// rest, nothing that runs code when loaded (Accelerate's save_state).
   /// `extra_files` (name -> text) go into the same folder, in the same commit.
-  void save_state(const std::string& dir,
-                  const std::map<std::string, std::string>& extra_files = {});
+  /// Without `dir`, with project_config.automatic_checkpoint_naming, the folder is
+  /// project_dir/checkpoints/checkpoint_{iteration} (an error if it exists), and the oldest
+  /// ones go first to keep total_limit. Every save adds 1 to the iteration. Returns the folder.
+  std::filesystem::path save_state(const std::optional<std::string>& dir = std::nullopt,
+                                   const std::map<std::string, std::string>& extra_files = {});
   /// Restores what save_state wrote, after checking its checksums; a missing
   /// or damaged file, or a state that does not fit what was prepared, is an
-  /// error that names the file.
-  void load_state(const std::string& dir);
+  /// error that names the file. Without `dir`, with automatic checkpoint naming, the
+  /// newest undamaged checkpoint_N, and the next save is N+1 (beyond the newest folder).
+  void load_state(const std::optional<std::string>& dir = std::nullopt);
+  /// Automatic checkpoint naming's settings; its iteration may be set.
+  ProjectConfiguration& project_configuration() { return shared_->options.project_config; }
+  /// The number of the next automatically named checkpoint (Accelerate's save_iteration).
+  int64_t save_iteration() const { return shared_->options.project_config.iteration; }
+  /// Accelerate's save_model: the model's state dict (parameters and buffers) in
+  /// `save_directory`, as HF names it: `model.safetensors`, or shards of at most
+  /// `max_shard_size` ("10GB", "500MB": units of 1000 bytes, as huggingface_hub's) named
+  /// `model-00001-of-00002.safetensors` with `model.safetensors.index.json`. A tensor that
+  /// is also under an earlier name (a tied weight) is saved under that name only. Files of
+  /// an earlier save that this one does not write are removed. The main process writes;
+  /// every process must call it.
+  void save_model(const torch::nn::Module& model, const std::string& save_directory,
+                  const std::string& max_shard_size = "10GB") const;
+  template <ModuleHandle M>
+  void save_model(const M& model, const std::string& save_directory,
+                  const std::string& max_shard_size = "10GB") const {
+    save_model(*model, save_directory, max_shard_size);
+  }
+  template <ModuleHandle M>
+  void save_model(const PreparedModel<M>& model, const std::string& save_directory,
+                  const std::string& max_shard_size = "10GB") const {
+    save_model(*model.unwrap(), save_directory, max_shard_size);
+  }
   /// Saves and loads `object` with the state; it must outlive the accelerator's use of it.
   void register_for_checkpointing(Checkpointable& object);
 
@@ -406,6 +542,11 @@ class Accelerator {
   std::shared_ptr<dist::GradientReducer> distribute(torch::nn::Module& module);
   void watch_numerics(torch::nn::Module& module);
   void print_line(const std::string& line) const;
+  struct Share {
+    size_t begin, end, padded_size;
+  };
+  Share share(size_t size, bool apply_padding) const;
+  std::filesystem::path checkpoints_dir() const;
 
   std::shared_ptr<detail::Shared> shared_;
 };

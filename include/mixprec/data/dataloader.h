@@ -139,6 +139,8 @@ class DataLoader {
   /// The next `begin()` yields the batches of `state.epoch` after the first
   /// `state.batches_yielded`.
   void load_state(const DataLoaderState& state);
+  /// Whether load_state set where the next begin() starts.
+  bool resume_pending() const { return resume_; }
 
   const DataLoaderOptions& options() const { return options_; }
   /// Sets options().seed (a resumed run takes its saved one).

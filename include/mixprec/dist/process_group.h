@@ -86,6 +86,10 @@ class GradientReducer {
                   GradientReducerOptions options = {});
   ~GradientReducer();
   void prepare_for_backward();
+  /// DDP's require_backward_grad_sync: while false (DDP's no_sync), a prepared
+  /// model's forward does not call prepare_for_backward.
+  bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
+  void set_require_backward_grad_sync(bool sync) { require_backward_grad_sync_ = sync; }
   /// Bytes this process has handed to all-reduce since it was made: the sum
   /// of the buckets as sent (after compression); what Gloo's algorithm then
   /// moves over the wire is a multiple of it.
@@ -94,6 +98,7 @@ class GradientReducer {
  private:
   struct Impl;
   std::unique_ptr<Impl> impl_;
+  bool require_backward_grad_sync_ = true;
 };
 
 }  // namespace mixprec::dist

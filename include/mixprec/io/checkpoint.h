@@ -69,17 +69,20 @@ class CheckpointWriter {
 void verify_checkpoint(const std::filesystem::path& dir);
 
 /// The `checkpoint-N` folders of `output_dir` (none if it does not exist), as (N, folder)
-/// sorted by N; a name whose N does not fit int64 is not one.
+/// sorted by N; a name whose N does not fit int64 is not one. `prefix` is what comes before
+/// N: "checkpoint-" as the HF Trainer names them, "checkpoint_" as Accelerate does.
 std::vector<std::pair<int64_t, std::filesystem::path>> checkpoints(
-    const std::filesystem::path& output_dir);
+    const std::filesystem::path& output_dir, const std::string& prefix = "checkpoint-");
 
 /// The newest `checkpoint-N` folder of `output_dir` that verify_checkpoint
 /// accepts; each newer damaged one is skipped with a warning that names it and
 /// says what is wrong. nullopt when there is none.
-std::optional<std::filesystem::path> last_good_checkpoint(const std::filesystem::path& output_dir);
+std::optional<std::filesystem::path> last_good_checkpoint(
+    const std::filesystem::path& output_dir, const std::string& prefix = "checkpoint-");
 
 /// Removes what a killed writer left in `output_dir`: CheckpointWriter's
 /// `*.tmp-PID` and `*.old-PID` folders. Returns how many it removed.
-int remove_unfinished_checkpoints(const std::filesystem::path& output_dir);
+int remove_unfinished_checkpoints(const std::filesystem::path& output_dir,
+                                  const std::string& prefix = "checkpoint-");
 
 }  // namespace mixprec::io

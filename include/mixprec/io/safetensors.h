@@ -2,10 +2,13 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
 #include <filesystem>
 #include <map>
 #include <string>
 #include <string_view>
+#include <utility>
+#include <vector>
 
 namespace mixprec::io {
 
@@ -29,6 +32,22 @@ TensorMap parse_safetensors(std::string_view bytes, const std::string& source,
 /// Python's `safetensors.torch.load_file` reads the result.
 void save_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata = {});
+
+/// huggingface_hub's parse_size_to_int: "10GB", "500MB", "0.5KB" as bytes (units of 1000:
+/// KB, MB, GB, TB). Anything else is an error that names it.
+int64_t parse_size(const std::string& size);
+
+/// Writes `tensors` into `dir` as Hugging Face's save_pretrained does (huggingface_hub's
+/// split_torch_state_dict_into_shards, then safetensors): all in `model.safetensors` when
+/// they fit in `max_shard_bytes`; else shards filled in order, a new one started when the
+/// next tensor would not fit and a tensor larger than the limit alone in one, named
+/// `model-00001-of-00003.safetensors`, ..., beside the index `model.safetensors.index.json`
+/// ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}). Each file is written
+/// atomically, the index last; then the model files an earlier save left that this one did
+/// not write are removed. Returns the names of the files written.
+std::vector<std::string> save_sharded_safetensors(
+    const std::filesystem::path& dir,
+    const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes);
 
 /// Writes `contents` to `path` atomically (temporary file, fsync, rename):
 /// a reader sees the old file or the new one, never half of one.
