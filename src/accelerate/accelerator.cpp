@@ -62,6 +62,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<
   const std::string& mp = options.mixed_precision;
   TORCH_CHECK(mp == "no" || mp == "fp16" || mp == "bf16", "Accelerator: unknown mixed_precision '",
               mp, "'; expected \"no\", \"fp16\" or \"bf16\"");
+  TORCH_CHECK(options.project_config.total_limit.value_or(1) >= 1,
+              "Accelerator: project_config.total_limit must be >= 1, got ",
+              options.project_config.total_limit.value_or(1));
   TORCH_CHECK(options.gradient_accumulation_steps >= 1,
               "Accelerator: gradient_accumulation_steps must be >= 1, got ",
               options.gradient_accumulation_steps);
@@ -119,9 +122,9 @@ PreparedDataLoader Accelerator::prepare_data_loader(data::DatasetPtr dataset,
                                                     data::CollateFn collate) {
   options.num_replicas = static_cast<size_t>(num_processes());
   options.rank = static_cast<size_t>(process_index());
+  options.sharding = data::Sharding::kBatchSamplerShard;
   if (shared_->options.split_batches) {
-    // Step k then sees batch k of the one-process loader, as in Accelerate: the ranks take
-    // every num_processes-th sample of it (Accelerate: contiguous slices).
+    // Step k then sees batch k of the one-process loader, in contiguous slices, as in Accelerate.
     TORCH_CHECK(options.batch_size % options.num_replicas == 0,
                 "Accelerator::prepare_data_loader: with split_batches, batch_size must be a "
                 "multiple of the number of processes; got batch_size ",
@@ -233,14 +236,7 @@ std::filesystem::path Accelerator::save_state(
                 dir.string(), " (iteration ", project.iteration,
                 ") already exists; set project_configuration().iteration to the number to go on "
                 "from");
-    if (is_main_process()) {
-      io::remove_unfinished_checkpoints(root, "checkpoint_");
-      const auto old = io::checkpoints(root, "checkpoint_");
-      if (project.total_limit) {  // the oldest go, to make room for the new one
-        const auto keep = static_cast<size_t>(std::max<int64_t>(*project.total_limit - 1, 0));
-        for (size_t i = 0; i + keep < old.size(); ++i) std::filesystem::remove_all(old[i].second);
-      }
-    }
+    if (is_main_process()) io::remove_unfinished_checkpoints(root, "checkpoint_");
   }
   // Every process's generators, gathered to the main process that writes.
   std::vector<io::TensorMap> rng_states;
@@ -291,6 +287,12 @@ std::filesystem::path Accelerator::save_state(
                           .dump(1));
     for (const auto& [name, text] : extra_files) writer.write_text(name, text);
     writer.commit();
+    // The oldest go once the new one is whole (Accelerate deletes them before writing it).
+    if (!dir_name && project.total_limit) {
+      const auto saved = io::checkpoints(checkpoints_dir(), "checkpoint_");
+      for (size_t i = 0; i + static_cast<size_t>(*project.total_limit) < saved.size(); ++i)
+        std::filesystem::remove_all(saved[i].second);
+    }
   }
   wait_for_everyone();
   ++project.iteration;
@@ -380,15 +382,20 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name) {
 
 namespace {
 
+// A tensor's data, as a view: what a tied weight shares.
+using TensorKey = std::tuple<const void*, std::vector<int64_t>, std::vector<int64_t>,
+                             at::ScalarType, std::string>;
+
 // PyTorch's state_dict order (each module's parameters, its buffers, then its children's),
 // a tensor already there under another name (a tied weight) left out, as Accelerate does.
-void collect_state(
-    const torch::nn::Module& module, const std::string& prefix,
-    std::vector<std::pair<std::string, at::Tensor>>& state,
-    std::set<std::tuple<const void*, std::vector<int64_t>, std::vector<int64_t>>>& seen) {
+void collect_state(const torch::nn::Module& module, const std::string& prefix,
+                   std::vector<std::pair<std::string, at::Tensor>>& state,
+                   std::set<TensorKey>& seen) {
   auto add = [&](const std::string& name, const at::Tensor& t) {
     if (!t.defined()) return;
-    if (t.numel() == 0 || seen.emplace(t.data_ptr(), t.sizes().vec(), t.strides().vec()).second)
+    if (t.numel() == 0 || seen.emplace(t.data_ptr(), t.sizes().vec(), t.strides().vec(),
+                                       t.scalar_type(), t.device().str())
+                              .second)
       state.emplace_back(prefix + name, t.detach());
   };
   for (const auto& p : module.named_parameters(/*recurse=*/false)) add(p.key(), p.value());
@@ -407,7 +414,7 @@ void Accelerator::save_model(const torch::nn::Module& model, const std::string& 
               "Accelerator::save_model: ", dir.string(), " should be a folder, not a file");
   if (is_main_process()) {
     std::vector<std::pair<std::string, at::Tensor>> state;
-    std::set<std::tuple<const void*, std::vector<int64_t>, std::vector<int64_t>>> seen;
+    std::set<TensorKey> seen;
     collect_state(model, "", state, seen);
     std::filesystem::create_directories(dir);
     io::save_sharded_safetensors(dir, state, max_shard_bytes);
@@ -585,13 +592,18 @@ at::Tensor Accelerator::gather_for_metrics(const at::Tensor& tensor) const {
 }
 
 Accelerator::GoesFirstGuard::GoesFirstGuard(const Accelerator& accelerator, bool first)
-    : accelerator_(accelerator), first_(first) {
+    : accelerator_(accelerator), first_(first), exceptions_(std::uncaught_exceptions()) {
   if (!first_) accelerator_.wait_for_everyone();
 }
 
-// Not when the block threw: as Accelerate's, and a barrier must not throw out of here.
+// Not when the block threw, as Accelerate's; and a failed barrier must not leave a destructor.
 Accelerator::GoesFirstGuard::~GoesFirstGuard() {
-  if (first_ && std::uncaught_exceptions() == 0) accelerator_.wait_for_everyone();
+  if (!first_ || std::uncaught_exceptions() > exceptions_) return;
+  try {
+    accelerator_.wait_for_everyone();
+  } catch (const std::exception& e) {
+    TORCH_WARN("Accelerator::main_process_first: the other processes did not follow: ", e.what());
+  }
 }
 
 bool Accelerator::check_trigger() {
@@ -605,13 +617,14 @@ bool Accelerator::check_trigger() {
 at::Tensor Accelerator::pad_across_processes(const at::Tensor& tensor, int64_t dim,
                                              const at::Scalar& pad_index, bool pad_first) const {
   const int64_t ndim = tensor.dim();
-  if (!shared_->group || dim >= ndim || dim < -ndim) return tensor;
-  if (dim < 0) dim += ndim;
+  if (!shared_->group) return tensor;
   const at::Tensor ndims = shared_->group->all_gather(at::full({1}, ndim, at::kLong));
   TORCH_CHECK((ndims == ndim).all().item<bool>(),
               "Accelerator::pad_across_processes: the processes' tensors have different numbers "
               "of dimensions: ",
               ndims);
+  if (dim >= ndim || dim < -ndim) return tensor;
+  if (dim < 0) dim += ndim;
   const int64_t longest =
       shared_->group->all_gather(at::full({1}, tensor.size(dim), at::kLong)).max().item<int64_t>();
   if (tensor.size(dim) == longest) return tensor;

@@ -3,6 +3,7 @@
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <exception>
 #include <map>
@@ -19,18 +20,23 @@ size_t samples_per_replica(size_t n, size_t num_replicas, bool drop_last) {
   return drop_last ? n / num_replicas : (n + num_replicas - 1) / num_replicas;
 }
 
-}  // namespace
+// Rounds of num_replicas full batches per epoch: BatchSamplerShard's batches per rank.
+size_t shard_rounds(size_t n, size_t batch_size, size_t num_replicas, bool drop_last) {
+  const size_t round = batch_size * num_replicas;
+  return drop_last ? n / round : (n + round - 1) / round;
+}
 
-std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_replicas,
-                                                size_t rank, bool shuffle, uint64_t seed,
-                                                int64_t epoch, bool drop_last) {
+void check_rank(size_t num_replicas, size_t rank) {
   TORCH_CHECK(num_replicas >= 1, "Invalid num_replicas ", num_replicas, " (expected >= 1)");
   TORCH_CHECK(rank < num_replicas, "Invalid rank ", rank, ", rank should be in the interval [0, ",
               num_replicas - 1, "]");
-  const size_t n = dataset_size;
+}
+
+// The epoch's order of the samples: torch.randperm(n, generator=torch.Generator().manual_seed(
+// seed + epoch)) shuffled (seeds wrap modulo 2**64 as in Python), else 0, 1, ...
+std::vector<size_t> epoch_order(size_t n, bool shuffle, uint64_t seed, int64_t epoch) {
   std::vector<size_t> order(n);
   if (shuffle) {
-    // torch.Generator().manual_seed(seed + epoch): seeds wrap modulo 2**64 as in Python.
     auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(epoch));
     auto perm = at::randperm(static_cast<int64_t>(n), generator, at::kLong);
     const int64_t* p = perm.data_ptr<int64_t>();
@@ -38,11 +44,41 @@ std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_
   } else {
     for (size_t i = 0; i < n; ++i) order[i] = i;
   }
+  return order;
+}
+
+}  // namespace
+
+std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_replicas,
+                                                size_t rank, bool shuffle, uint64_t seed,
+                                                int64_t epoch, bool drop_last) {
+  check_rank(num_replicas, rank);
+  const size_t n = dataset_size;
+  const auto order = epoch_order(n, shuffle, seed, epoch);
   // Position p of the list padded (by repeating from the start) to
   // num_samples * num_replicas is order[p % n]; this rank takes p = rank + j * num_replicas.
   const size_t num_samples = samples_per_replica(n, num_replicas, drop_last);
   std::vector<size_t> indices(num_samples);
   for (size_t j = 0; j < num_samples; ++j) indices[j] = order[(rank + j * num_replicas) % n];
+  return indices;
+}
+
+std::vector<size_t> batch_sampler_shard_indices(size_t dataset_size, size_t batch_size,
+                                                size_t num_replicas, size_t rank, bool shuffle,
+                                                uint64_t seed, int64_t epoch, bool drop_last) {
+  check_rank(num_replicas, rank);
+  TORCH_CHECK(batch_size > 0, "Invalid batch_size ", batch_size, " (expected > 0)");
+  const size_t n = dataset_size;
+  auto order = epoch_order(n, shuffle, seed, epoch);
+  if (num_replicas == 1) return order;
+  // Batch j of this rank is positions ((j * num_replicas + rank) * batch_size + i) of the
+  // order padded by repeating it from its start: position p is order[p % n].
+  const size_t rounds = shard_rounds(n, batch_size, num_replicas, drop_last);
+  std::vector<size_t> indices;
+  indices.reserve(rounds * batch_size);
+  for (size_t j = 0; j < rounds; ++j)
+    for (size_t i = 0; i < batch_size; ++i)
+      indices.push_back(order[((j * num_replicas + rank) * batch_size + i) % n]);
   return indices;
 }
 
@@ -56,10 +92,7 @@ struct DataLoader::Iterator::Run {
         dataset(loader.dataset_),
         collate_fn(loader.collate_fn_),
         batch_size(loader.options_.batch_size),
-        indices(distributed_sampler_indices(dataset->size(), loader.options_.num_replicas,
-                                            loader.options_.rank, loader.options_.shuffle,
-                                            loader.options_.seed.value_or(0), loader.epoch_,
-                                            loader.options_.drop_last)),
+        indices(loader.indices()),
         num_batches(loader.size()),
         next(start),
         dispatched(start),
@@ -197,7 +230,25 @@ void DataLoader::set_epoch(int64_t epoch) {
   batches_yielded_ = 0;
 }
 
+std::vector<size_t> DataLoader::indices() const {
+  const auto& o = options_;
+  const uint64_t seed = o.seed.value_or(0);
+  if (o.sharding == Sharding::kBatchSamplerShard)
+    return batch_sampler_shard_indices(dataset_->size(), o.batch_size, o.num_replicas, o.rank,
+                                       o.shuffle, seed, epoch_, o.drop_last);
+  return distributed_sampler_indices(dataset_->size(), o.num_replicas, o.rank, o.shuffle, seed,
+                                     epoch_, o.drop_last);
+}
+
+bool DataLoader::shards_batches() const {
+  return options_.sharding == Sharding::kBatchSamplerShard && options_.num_replicas > 1;
+}
+
 size_t DataLoader::num_samples() const {
+  if (shards_batches())
+    return shard_rounds(dataset_->size(), options_.batch_size, options_.num_replicas,
+                        options_.drop_last) *
+           options_.batch_size;
   return samples_per_replica(dataset_->size(), options_.num_replicas, options_.drop_last);
 }
 
@@ -209,6 +260,11 @@ size_t DataLoader::size() const {
 
 size_t DataLoader::num_padding_samples() const {
   if (options_.drop_last || size() == 0) return 0;
+  if (shards_batches()) {  // the last round: this rank's batch of it, against what is left
+    const size_t b = options_.batch_size, round = b * options_.num_replicas;
+    const size_t left = dataset_->size() - (size() - 1) * round, before = options_.rank * b;
+    return b - std::min(b, left > before ? left - before : 0);
+  }
   // Sample j of this rank is padding when its place in the padded list is past the dataset.
   size_t padding = 0;
   for (size_t j = (size() - 1) * options_.batch_size; j < num_samples(); ++j)

@@ -64,11 +64,12 @@ ProcessGroup::ProcessGroup(const LaunchEnv& env) : env_(env), impl_(std::make_un
   // Under torchrun the agent serves the store; without it rank 0 does.
   store_options.isServer = !env.agent_store && env.rank == 0;
   store_options.numWorkers = env.world_size;
-  store_options.timeout = std::chrono::seconds(120);
+  // torch's default_pg_timeout: main_process_first may wait out a long preprocessing.
+  store_options.timeout = std::chrono::minutes(30);
   auto store = c10::make_intrusive<c10d::TCPStore>(env.master_addr, store_options);
   auto prefixed = c10::make_intrusive<c10d::PrefixStore>("mixprec/", store);
 
-  auto gloo_options = c10d::ProcessGroupGloo::Options::create(std::chrono::seconds(120));
+  auto gloo_options = c10d::ProcessGroupGloo::Options::create(std::chrono::minutes(30));
   // A single-machine run talks over loopback only.
   gloo_options->devices.push_back(is_loopback(env.master_addr)
                                       ? c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1")

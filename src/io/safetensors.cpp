@@ -201,6 +201,9 @@ std::vector<std::string> save_sharded_safetensors(
   if (!current.empty()) shards.push_back(std::move(current));
   if (shards.empty()) shards.emplace_back();  // a model without tensors: an empty file
   const std::map<std::string, std::string> metadata{{"format", "pt"}};
+  // An old index must not pair new shards with old ones should this save fail half-way.
+  const auto index_file = dir / "model.safetensors.index.json";
+  if (shards.size() > 1) std::filesystem::remove(index_file);
   std::vector<std::string> written;
   json weight_map = json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
@@ -216,7 +219,7 @@ std::vector<std::string> save_sharded_safetensors(
   }
   if (shards.size() > 1) {
     const json index{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
-    write_file_atomically(dir / "model.safetensors.index.json", index.dump(2) + "\n");
+    write_file_atomically(index_file, index.dump(2) + "\n");
     written.emplace_back("model.safetensors.index.json");
   }
   static const std::regex model_file(

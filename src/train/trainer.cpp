@@ -240,7 +240,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                            .drop_last = args_.dataloader_drop_last,
                            .num_workers = static_cast<size_t>(args_.dataloader_num_workers),
                            .num_replicas = static_cast<size_t>(acc.num_processes()),
-                           .rank = static_cast<size_t>(acc.process_index())},
+                           .rank = static_cast<size_t>(acc.process_index()),
+                           .sharding = data::Sharding::kBatchSamplerShard},
                           impl.collate);
   const int64_t batches_per_epoch = static_cast<int64_t>(loader.size());
   TORCH_CHECK(batches_per_epoch > 0, "Trainer: the train dataset gives no batch of ",
@@ -683,7 +684,8 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
                            .drop_last = args_.dataloader_drop_last,
                            .num_workers = static_cast<size_t>(args_.dataloader_num_workers),
                            .num_replicas = static_cast<size_t>(acc.num_processes()),
-                           .rank = static_cast<size_t>(acc.process_index())},
+                           .rank = static_cast<size_t>(acc.process_index()),
+                           .sharding = data::Sharding::kBatchSamplerShard},
                           impl.collate);
   const auto start = std::chrono::steady_clock::now();
   impl.module->eval();

@@ -53,7 +53,7 @@ TEST_F(AcceleratorUtils, AutomaticCheckpointNamingKeepsTheNewestAndResumesFromIt
   auto net = torch::nn::Linear(3, 2);
   Accelerator accelerator(options);
   auto model = accelerator.prepare(net);
-  std::vector<at::Tensor> saved;
+  fs::create_directories(dir_ / "checkpoints" / "notes");  // not a checkpoint: kept
   for (int i = 0; i < 3; ++i) {
     {
       torch::NoGradGuard no_grad;
@@ -63,7 +63,7 @@ TEST_F(AcceleratorUtils, AutomaticCheckpointNamingKeepsTheNewestAndResumesFromIt
   }
   EXPECT_EQ(accelerator.save_iteration(), 3);
   EXPECT_EQ(names_in(dir_ / "checkpoints"),
-            (std::vector<std::string>{"checkpoint_1", "checkpoint_2"}));
+            (std::vector<std::string>{"checkpoint_1", "checkpoint_2", "notes"}));
 
   auto fresh_net = torch::nn::Linear(3, 2);
   Accelerator resumed(options);
@@ -91,6 +91,11 @@ TEST_F(AcceleratorUtils, SaveAndLoadWithoutAFolderNeedAutomaticNaming) {
                   "no folder given, and project_config.automatic_checkpoint_naming is off"));
   EXPECT_TRUE(has(error_of([&] { plain.load_state(); }),
                   "no folder given, and project_config.automatic_checkpoint_naming is off"));
+  EXPECT_TRUE(has(
+      error_of([&] {
+        Accelerator({.project_config = {.automatic_checkpoint_naming = true, .total_limit = 0}});
+      }),
+      "project_config.total_limit must be >= 1, got 0"));
   Accelerator automatic(
       {.project_dir = dir_.string(), .project_config = {.automatic_checkpoint_naming = true}});
   EXPECT_TRUE(has(error_of([&] { automatic.load_state(); }),
@@ -219,7 +224,12 @@ TEST_F(AcceleratorUtils, SaveModelRemovesStaleShardsAndRefusesBadInput) {
   auto net = std::make_shared<TiedNet>();
   fs::create_directories(dir_);
   std::ofstream(dir_ / "config.json") << "{}";
+  accelerator.save_model(net, dir_.string());
   accelerator.save_model(net, dir_.string(), "0.1KB");
+  EXPECT_EQ(names_in(dir_),
+            (std::vector<std::string>{"config.json", "model-00001-of-00002.safetensors",
+                                      "model-00002-of-00002.safetensors",
+                                      "model.safetensors.index.json"}));
   accelerator.save_model(net, dir_.string());
   EXPECT_EQ(names_in(dir_), (std::vector<std::string>{"config.json", "model.safetensors"}));
   EXPECT_TRUE(has(error_of([&] { accelerator.save_model(net, dir_.string(), "10XB"); }),

@@ -53,6 +53,43 @@ TEST(DataLoader, BatchOrderEqualsPythonsDistributedSampler) {
   }
 }
 
+// Accelerate's prepared loaders: whole batches to the ranks in turn, padded from the start so
+// that every batch is full; less each rank's padding, every sample once.
+TEST(DataLoader, BatchSamplerShardEqualsAcceleratesPreparedLoader) {
+  ASSERT_FALSE(reference()["accelerate_loader"].empty());
+  for (const auto& c : reference()["accelerate_loader"]) {
+    const auto num_replicas = c["num_replicas"].get<size_t>();
+    const auto n = c["n"].get<int64_t>();
+    std::multiset<int64_t> kept;
+    size_t padding = 0, samples = 0;
+    for (size_t rank = 0; rank < num_replicas; ++rank) {
+      SCOPED_TRACE(c.dump().substr(0, 200) + " rank " + std::to_string(rank));
+      DataLoader loader(range_dataset(n),
+                        {.batch_size = c["batch_size"],
+                         .shuffle = c["shuffle"],
+                         .seed = c["seed"].get<uint64_t>(),
+                         .drop_last = c["drop_last"],
+                         .num_replicas = num_replicas,
+                         .rank = rank,
+                         .sharding = mixprec::data::Sharding::kBatchSamplerShard});
+      loader.set_epoch(c["epoch"]);
+      const auto expected = c["batches_per_rank"][rank].get<std::vector<std::vector<int64_t>>>();
+      EXPECT_EQ(loader.size(), expected.size());
+      auto batches = pass(loader);
+      EXPECT_EQ(batches, expected);
+      if (batches.empty()) continue;
+      batches.back().resize(batches.back().size() - loader.num_padding_samples());
+      for (const auto& b : batches) kept.insert(b.begin(), b.end());
+      padding += loader.num_padding_samples();
+      samples += loader.num_samples();
+    }
+    if (c["drop_last"]) continue;
+    EXPECT_EQ(padding, samples - static_cast<size_t>(n));
+    EXPECT_EQ(kept.size(), static_cast<size_t>(n));
+    for (int64_t i = 0; i < n; ++i) EXPECT_EQ(kept.count(i), 1u) << i;
+  }
+}
+
 TEST(DataLoader, TwoReplicasCoverEveryIndexOncePlusPadding) {
   const int64_t n = 23;
   std::multiset<int64_t> seen;

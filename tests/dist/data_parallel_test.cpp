@@ -15,9 +15,11 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <chrono>
 #include <filesystem>
 #include <limits>
 #include <string>
+#include <thread>
 #include <vector>
 
 namespace {
@@ -168,7 +170,7 @@ TEST_F(DataParallel, PreparedLoaderShardsAndGatherForMetricsDropsThePadding) {
     last_batches += accelerator.gradient_state().end_of_dataloader;
   }
   EXPECT_EQ(last_batches, 1);
-  EXPECT_EQ(torch::cat(local).size(0), 5);  // this rank's half of the padded 10
+  EXPECT_EQ(torch::cat(local).size(0), 6);  // this rank's 3 batches of the 12 padded ones
   EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(torch::cat(seen))), torch::arange(9)));
 }
 
@@ -191,7 +193,7 @@ TEST_F(DataParallel, PreparedShuffleTakesTheMainProcessSeed) {
 }
 
 // split_batches: batch_size is the batch of all processes; step k sees batch k of the
-// one-process loader (shuffled alike), split among the ranks; the schedule steps once.
+// one-process loader (shuffled alike), in contiguous slices; the schedule steps once.
 TEST_F(DataParallel, SplitBatchesDividesEachBatchAmongTheProcesses) {
   Accelerator split({.split_batches = true});
   const auto n = static_cast<size_t>(split.num_processes());
@@ -204,8 +206,7 @@ TEST_F(DataParallel, SplitBatchesDividesEachBatchAmongTheProcesses) {
   auto whole = one_process.begin();
   for (const auto& batch : loader) {
     EXPECT_EQ(batch.at("x").size(0), 2);
-    auto step = std::get<0>(torch::sort(split.gather(batch.at("x"))));
-    EXPECT_TRUE(torch::equal(step, std::get<0>(torch::sort((*whole).at("x")))));
+    EXPECT_TRUE(torch::equal(split.gather(batch.at("x")), (*whole).at("x")));
     ++whole;
   }
   const auto error = error_of([&] { split.prepare_data_loader(data, {.batch_size = 2 * n + 1}); });
@@ -440,17 +441,29 @@ TEST_F(DataParallel, PadGatherObjectSplitTriggerAndGoingFirst) {
       torch::tensor({-1, 0, 0, 1})));
   EXPECT_EQ(accelerator.pad_across_processes(torch::ones({3, rank + 1}), 1).sizes(),
             at::IntArrayRef({3, 2}));
+  EXPECT_TRUE(torch::equal(accelerator.gather(accelerator.pad_across_processes(mine, -1, 7)),
+                           torch::tensor({0, 7, 0, 1})));
   EXPECT_TRUE(accelerator.pad_across_processes(mine, 1).is_same(mine));  // beyond its dims
+  EXPECT_NE(error_of([&] {
+              accelerator.pad_across_processes(torch::zeros(std::vector<int64_t>(rank + 1, 1)));
+            }).find("different numbers of dimensions"),
+            std::string::npos);
 
   const std::vector<std::string> objects =
       rank == 0 ? std::vector<std::string>{"zero", ""} : std::vector<std::string>{"one"};
   EXPECT_EQ(accelerator.gather_object(objects), (std::vector<std::string>{"zero", "", "one"}));
+  EXPECT_TRUE(accelerator.gather_object({}).empty());
+  EXPECT_EQ(accelerator.gather_object({""}), (std::vector<std::string>{"", ""}));
 
   const std::vector<int> five{0, 1, 2, 3, 4};
   const std::vector<int> share = rank == 0 ? std::vector<int>{0, 1, 2} : std::vector<int>{3, 4};
   const std::vector<int> padded = rank == 0 ? std::vector<int>{0, 1, 2} : std::vector<int>{3, 4, 4};
   EXPECT_EQ(accelerator.split_between_processes(five), share);
   EXPECT_EQ(accelerator.split_between_processes(five, true), padded);
+  // Fewer than the processes: the last gets nothing, or a copy of the last with padding.
+  EXPECT_EQ(accelerator.split_between_processes(std::vector<int>{9}),
+            rank == 0 ? std::vector<int>{9} : std::vector<int>{});
+  EXPECT_EQ(accelerator.split_between_processes(std::vector<int>{9}, true), std::vector<int>{9});
   EXPECT_TRUE(
       torch::equal(accelerator.split_between_processes(torch::arange(5).reshape({5, 1}), true),
                    rank == 0 ? torch::tensor({{0}, {1}, {2}}) : torch::tensor({{3}, {4}, {4}})));
@@ -465,7 +478,10 @@ TEST_F(DataParallel, PadGatherObjectSplitTriggerAndGoingFirst) {
                    ("mixprec_dp_first_" + std::to_string(main_pid.item<int64_t>()));
   {
     auto first = accelerator.main_process_first();
-    if (rank == 0) std::filesystem::create_directories(dir / "made_by_main");
+    if (rank == 0) {  // late: the others must still wait for it
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      std::filesystem::create_directories(dir / "made_by_main");
+    }
     EXPECT_TRUE(std::filesystem::exists(dir / "made_by_main"));
   }
   // Automatic checkpoint naming: the main process writes and rotates, every rank counts.

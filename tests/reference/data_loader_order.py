@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
-"""Reference batch orders of torch.utils.data.DataLoader with a DistributedSampler,
-and the indices of torch.utils.data.random_split, for tests/data/dataloader_test.cpp.
+"""Reference batch orders of torch.utils.data.DataLoader with a DistributedSampler, of
+HF Accelerate's prepared data loaders (BatchSamplerShard), and the indices of
+torch.utils.data.random_split, for tests/data/dataloader_test.cpp.
 
 Each case is one rank of one epoch: the indices of every batch, in order. The
 dataset is range(n), so a batch's values are its sample indices.
@@ -12,7 +13,11 @@ import argparse
 import json
 import sys
 
+import warnings
+
+import accelerate
 import torch
+from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader, DistributedSampler, random_split
 
 LOADER_CASES = [
@@ -28,6 +33,20 @@ LOADER_CASES = [
     (2, 1, True, 1, 0, False, 3),
     (100, 16, True, 1234, 2, False, 2),
     (1797, 64, True, 0, 5, False, 1),
+]
+
+ACCELERATE_CASES = [
+    # n, batch_size (per process), shuffle, seed, epoch, drop_last, num_processes, split_batches
+    (9, 2, False, 0, 0, False, 2, False),
+    (9, 2, False, 0, 0, False, 2, True),
+    (3, 2, False, 0, 0, False, 2, False),
+    (7, 2, True, 5, 1, False, 2, False),
+    (6, 2, False, 0, 0, False, 2, False),
+    (23, 4, True, 42, 3, False, 3, False),
+    (23, 4, True, 42, 3, True, 3, False),
+    (23, 3, True, 42, 2, True, 2, True),
+    (10, 3, True, 5, 1, False, 1, False),
+    (100, 16, True, 1234, 2, False, 2, True),
 ]
 
 SPLIT_CASES = [
@@ -52,6 +71,24 @@ def loader_case(n, batch_size, shuffle, seed, epoch, drop_last, num_replicas):
             "drop_last": drop_last, "num_replicas": num_replicas, "batches_per_rank": ranks}
 
 
+def accelerate_case(n, batch_size, shuffle, seed, epoch, drop_last, num_processes, split):
+    ranks = []
+    for rank in range(num_processes):
+        # With split_batches, the loader's batch is all processes' together.
+        loader = DataLoader(list(range(n)), batch_size=batch_size * (num_processes if split else 1),
+                            shuffle=shuffle, drop_last=drop_last)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prepared = prepare_data_loader(loader, num_processes=num_processes, process_index=rank,
+                                           split_batches=split, put_on_device=False,
+                                           use_seedable_sampler=True, data_seed=seed)
+        prepared.set_epoch(epoch)
+        ranks.append([batch.tolist() for batch in prepared])
+    return {"n": n, "batch_size": batch_size, "shuffle": shuffle, "seed": seed, "epoch": epoch,
+            "drop_last": drop_last, "num_replicas": num_processes, "split_batches": split,
+            "batches_per_rank": ranks}
+
+
 def split_case(n, lengths, seed):
     parts = random_split(list(range(n)), lengths, generator=torch.Generator().manual_seed(seed))
     return {"n": n, "lengths": lengths, "seed": seed, "indices": [list(p.indices) for p in parts]}
@@ -61,8 +98,9 @@ def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--check", help="compare with this file instead of printing")
     args = parser.parse_args()
-    out = {"torch": torch.__version__.split("+")[0],
+    out = {"torch": torch.__version__.split("+")[0], "accelerate": accelerate.__version__,
            "loader": [loader_case(*c) for c in LOADER_CASES],
+           "accelerate_loader": [accelerate_case(*c) for c in ACCELERATE_CASES],
            "random_split": [split_case(*c) for c in SPLIT_CASES]}
     text = json.dumps(out, indent=1, sort_keys=True) + "\n"
     if not args.check:

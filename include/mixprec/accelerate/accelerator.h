@@ -33,8 +33,9 @@ struct ProjectConfiguration {
   /// save_state() without a folder saves into project_dir/checkpoints/checkpoint_{iteration},
   /// and load_state() without one loads the newest of those.
   bool automatic_checkpoint_naming = false;
-  /// With automatic naming, save_state() first deletes the oldest checkpoints to keep at
-  /// most this many, the new one included (unset: keeps all).
+  /// With automatic naming, save_state() then deletes the oldest checkpoint_N folders to keep
+  /// at most this many (>= 1), the new one included, once it is written (Accelerate deletes
+  /// them before, and any other entries of the folder too). Unset: keeps all.
   std::optional<int64_t> total_limit = std::nullopt;
   /// The number of the next automatically named checkpoint; every save_state() adds 1.
   int64_t iteration = 0;
@@ -78,8 +79,7 @@ struct GradientState {
   /// Samples at the end of this process's last batch that only pad the
   /// processes to equal shares, dropped by gather_for_metrics; 0 outside the
   /// prepared loader's last batch. (Accelerate's `remainder` counts the samples
-  /// to keep at the end of what is gathered instead; here each process's shard
-  /// interleaves the samples, so its padding is its own.)
+  /// to keep at the start of the last gathered batches instead: the same samples.)
   int64_t num_padding_samples = 0;
   int64_t num_steps = 1;
 };
@@ -428,6 +428,7 @@ class Accelerator {
     GoesFirstGuard(const Accelerator& accelerator, bool first);
     const Accelerator& accelerator_;
     bool first_;
+    int exceptions_;  // in flight when it began
   };
   /// Accelerate's main_process_first(): the main process runs the guarded block (e.g. to
   /// make a cache the others then read) before the other processes run it. Every process
@@ -485,7 +486,9 @@ class Accelerator {
   /// `extra_files` (name -> text) go into the same folder, in the same commit.
   /// Without `dir`, with project_config.automatic_checkpoint_naming, the folder is
   /// project_dir/checkpoints/checkpoint_{iteration} (an error if it exists), and the oldest
-  /// ones go first to keep total_limit. Every save adds 1 to the iteration. Returns the folder.
+  /// ones then go to keep total_limit; a `dir` given is used (Accelerate ignores it then).
+  /// Every save adds 1 to the iteration. Returns the folder. In data parallel every process
+  /// must see the same folder (a shared file system), as the Trainer's checkpoints need.
   std::filesystem::path save_state(const std::optional<std::string>& dir = std::nullopt,
                                    const std::map<std::string, std::string>& extra_files = {});
   /// Restores what save_state wrote, after checking its checksums; a missing
@@ -501,7 +504,9 @@ class Accelerator {
   /// `save_directory`, as HF names it: `model.safetensors`, or shards of at most
   /// `max_shard_size` ("10GB", "500MB": units of 1000 bytes, as huggingface_hub's) named
   /// `model-00001-of-00002.safetensors` with `model.safetensors.index.json`. A tensor that
-  /// is also under an earlier name (a tied weight) is saved under that name only. Files of
+  /// is also under an earlier name (a tied weight: the same data, dtype and view) is saved
+  /// under that name only (Accelerate drops any later tensor of the same storage, views
+  /// too, and sizes shards by storage). Files of
   /// an earlier save that this one does not write are removed. The main process writes;
   /// every process must call it.
   void save_model(const torch::nn::Module& model, const std::string& save_directory,

@@ -14,6 +14,20 @@
 
 namespace mixprec::data {
 
+/// How the replicas (ranks) of a DataLoader share each epoch's samples.
+enum class Sharding {
+  /// torch's DistributedSampler: rank r takes samples r, r + num_replicas, ... of the epoch's
+  /// order padded (by repeating it from its start) to a multiple of num_replicas, and batches
+  /// them; its last batch may be short.
+  kDistributedSampler,
+  /// Accelerate's BatchSamplerShard (with even_batches, its default), as its prepared loaders
+  /// shard: the epoch's order padded from its start to a multiple of batch_size *
+  /// num_replicas, cut in batches of batch_size that go to the ranks in turn, so every batch
+  /// is full. (With split_batches, Accelerate cuts each batch of batch_size * num_replicas in
+  /// contiguous slices: the same batches.) One replica: the loader's own batches.
+  kBatchSamplerShard,
+};
+
 /// Options of `DataLoader`. The defaults are `torch.utils.data.DataLoader`'s
 /// (batch_size 8 as HF's TrainingArguments) with a `DistributedSampler` of
 /// `num_replicas` ranks.
@@ -33,6 +47,7 @@ struct DataLoaderOptions {
   size_t prefetch_factor = 2;
   size_t num_replicas = 1;
   size_t rank = 0;
+  Sharding sharding = Sharding::kDistributedSampler;
 };
 
 /// Where a DataLoader stands: the epoch, and how many batches of it were
@@ -68,6 +83,13 @@ void from_json(const Json& j, DataLoaderState& state) {
 std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_replicas,
                                                 size_t rank, bool shuffle, uint64_t seed,
                                                 int64_t epoch, bool drop_last);
+/// The indices one rank reads in one epoch with Sharding::kBatchSamplerShard, in order (its
+/// batches are consecutive runs of batch_size): exactly Accelerate's
+/// `prepare_data_loader(DataLoader(dataset, batch_size, shuffle, drop_last), num_replicas,
+/// rank, data_seed=seed)` after `set_epoch(epoch)`; shuffled, its order is DistributedSampler's.
+std::vector<size_t> batch_sampler_shard_indices(size_t dataset_size, size_t batch_size,
+                                                size_t num_replicas, size_t rank, bool shuffle,
+                                                uint64_t seed, int64_t epoch, bool drop_last);
 
 /// Batches of a Dataset, the twin of `torch.utils.data.DataLoader` with a
 /// `DistributedSampler` (one replica by default).
@@ -148,6 +170,8 @@ class DataLoader {
   const DatasetPtr& dataset() const { return dataset_; }
 
  private:
+  std::vector<size_t> indices() const;  // this rank's, for the current epoch
+  bool shards_batches() const;
   DatasetPtr dataset_;
   DataLoaderOptions options_;
   CollateFn collate_fn_;  // empty: collate(), or the dataset's get_batch()
