@@ -711,10 +711,13 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
       losses.push_back(
           acc.gather(out.loss.detach().to(at::kFloat).cpu().reshape({1}).expand({n}).contiguous())
               .index({keep}));
-    if (out.logits.defined())
-      logits.push_back(acc.gather(out.logits.detach().to(at::kFloat).cpu()).index({keep}));
+    // As HF's evaluation_loop: the ranks' batches may differ in length (padded collation).
+    auto gather = [&](const at::Tensor& t) {
+      return acc.gather(acc.pad_across_processes(t, 1, -100)).index({keep});
+    };
+    if (out.logits.defined()) logits.push_back(gather(out.logits.detach().to(at::kFloat).cpu()));
     auto label = on_device.find(args_.label_names ? args_.label_names->front() : "labels");
-    if (label != on_device.end()) labels.push_back(acc.gather(label->second.cpu()).index({keep}));
+    if (label != on_device.end()) labels.push_back(gather(label->second.cpu()));
     impl.call(args_, state_,
               [](auto& cb, auto& a, auto& s, auto& c) { cb.on_prediction_step(a, s, c); });
     ++batches;

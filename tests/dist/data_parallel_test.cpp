@@ -16,6 +16,7 @@
 #include <torch/torch.h>
 
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <limits>
 #include <string>
@@ -396,6 +397,38 @@ TEST_F(DataParallel, CompressedLossCurveFollowsFp32) {
     for (size_t i = 0; i < fp32.size(); ++i)
       EXPECT_NEAR(compressed[i], fp32[i], rtol * fp32[i]) << "step " << i;
   }
+}
+
+// Sample i: 3 + i tokens, so that the ranks' padded batches differ in length.
+struct VaryingLengths : mixprec::data::Dataset {
+  size_t size() const override { return 6; }
+  mixprec::data::Example get(size_t i) const override {
+    const auto ids = torch::arange(static_cast<int64_t>(3 + i));
+    return {{"input_ids", ids}, {"labels", ids}};
+  }
+};
+
+// As HF's evaluation loop, the Trainer pads each batch's logits and labels across the ranks
+// before gathering them: every sample once, in order, padded with -100.
+TEST_F(DataParallel, TrainerGathersBatchesOfDifferentLengths) {
+  mixprec::models::GPT2LMHeadModel model(models_test::tiny_gpt2_config());
+  mixprec::TrainingArguments args;
+  args.output_dir =
+      (std::filesystem::temp_directory_path() / ("mixprec_dp_lengths_" + std::to_string(getpid())))
+          .string();
+  args.per_device_eval_batch_size = 2;
+  const auto data = std::make_shared<VaryingLengths>();
+  mixprec::Trainer trainer(model, args, data, data);
+  const auto out = trainer.predict(data);
+  ASSERT_EQ(out.label_ids.sizes(), at::IntArrayRef({6, 8}));
+  EXPECT_EQ(out.predictions.size(0), 6);
+  for (int64_t i = 0; i < 6; ++i) {
+    const auto ids = torch::arange(3 + i);
+    EXPECT_TRUE(torch::equal(out.label_ids[i].slice(0, 0, 3 + i), ids)) << i;
+    EXPECT_TRUE((out.label_ids[i].slice(0, 3 + i) == -100).all().item<bool>()) << i;
+  }
+  EXPECT_TRUE(std::isfinite(out.metrics.at("test_loss")));
+  std::filesystem::remove_all(args.output_dir);
 }
 
 // Under no_sync the backward keeps each rank's gradient; the next synced backward averages
