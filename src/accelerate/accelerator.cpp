@@ -288,9 +288,12 @@ std::filesystem::path Accelerator::save_state(
     for (const auto& [name, text] : extra_files) writer.write_text(name, text);
     writer.commit();
     // The oldest go once the new one is whole (Accelerate deletes them before writing it).
+    // Never the new one, even when a lower iteration was set by hand.
     if (!dir_name && project.total_limit) {
-      const auto saved = io::checkpoints(checkpoints_dir(), "checkpoint_");
-      for (size_t i = 0; i + static_cast<size_t>(*project.total_limit) < saved.size(); ++i)
+      auto saved = io::checkpoints(checkpoints_dir(), "checkpoint_");
+      std::erase_if(saved,
+                    [&](const auto& old) { return std::filesystem::equivalent(old.second, dir); });
+      for (size_t i = 0; i + static_cast<size_t>(*project.total_limit) < saved.size() + 1; ++i)
         std::filesystem::remove_all(saved[i].second);
     }
   }
@@ -654,7 +657,7 @@ std::vector<std::string> Accelerator::gather_object(const std::vector<std::strin
   const auto [all_lengths, counts] = gather_padded(at::tensor(lengths, at::kLong).reshape({-1}));
   at::Tensor local_bytes = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
   if (!bytes.empty()) std::memcpy(local_bytes.data_ptr(), bytes.data(), bytes.size());
-  const auto [all_bytes, byte_counts] = gather_padded(local_bytes);
+  const at::Tensor all_bytes = gather_padded(local_bytes).first;
   std::vector<std::string> gathered;
   for (int64_t r = 0; r < all_lengths.size(0); ++r) {
     const auto* data = all_bytes[r].data_ptr<uint8_t>();
@@ -723,6 +726,13 @@ void Accelerator::free_memory() {
   shared_->schedulers.clear();
   shared_->loaders.clear();
   shared_->step = 0;
+}
+
+void load_checkpoint_in_model(torch::nn::Module& model, const std::string& checkpoint) {
+  const std::filesystem::path path(checkpoint);
+  const auto tensors = std::filesystem::is_directory(path) ? io::load_sharded_safetensors(path)
+                                                           : io::load_safetensors(path);
+  io::load_module_state(model, tensors, checkpoint);
 }
 
 void set_seed(uint64_t seed) {

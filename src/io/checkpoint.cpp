@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <regex>
 #include <set>
+#include <tuple>
 
 namespace mixprec::io {
 
@@ -110,9 +111,20 @@ void load_module_state(torch::nn::Module& module, const TensorMap& state,
                        const std::string& source) {
   std::set<std::string> expected;
   at::NoGradGuard no_grad;
+  // A tied weight (one tensor under two names) may be saved under one of them only, as
+  // Accelerate's save_model and HF's save_pretrained do.
+  auto view = [](const at::Tensor& t) {
+    return std::tuple(t.data_ptr(), t.sizes().vec(), t.strides().vec(), t.scalar_type());
+  };
+  std::set<decltype(view(at::Tensor()))> saved;
+  for (const auto& item : module.named_parameters())
+    if (state.count(item.key()) && item.value().numel() > 0) saved.insert(view(item.value()));
+  for (const auto& item : module.named_buffers())
+    if (state.count(item.key()) && item.value().numel() > 0) saved.insert(view(item.value()));
   auto load = [&](const std::string& name, at::Tensor& target) {
     expected.insert(name);
     auto it = state.find(name);
+    if (it == state.end() && target.numel() > 0 && saved.count(view(target))) return;
     TORCH_CHECK(it != state.end(), source, ": missing '", name, "' (shape ", target.sizes(), ")");
     TORCH_CHECK(it->second.sizes() == target.sizes(), source, ": '", name, "' has shape ",
                 it->second.sizes(), ", the model expects ", target.sizes());

@@ -233,6 +233,36 @@ std::vector<std::string> save_sharded_safetensors(
   return written;
 }
 
+TensorMap load_sharded_safetensors(const std::filesystem::path& dir) {
+  const auto single = dir / "model.safetensors", index_file = dir / "model.safetensors.index.json";
+  if (std::filesystem::exists(single) || !std::filesystem::exists(index_file))
+    return load_safetensors(single);  // its error names the file when neither is there
+  json index;
+  try {
+    index = json::parse(read_file(index_file));
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, index_file.string(), ": malformed JSON: ", e.what());
+  }
+  TORCH_CHECK(index.is_object() && index.contains("weight_map") && index["weight_map"].is_object(),
+              index_file.string(), ": expected an object with a \"weight_map\" object");
+  std::map<std::string, TensorMap> shards;
+  TensorMap tensors;
+  for (const auto& [name, file] : index["weight_map"].items()) {
+    TORCH_CHECK(file.is_string(), index_file.string(), ": the file of '", name,
+                "' should be a string, got ", file.dump());
+    const std::string shard = file.get<std::string>();
+    TORCH_CHECK(std::filesystem::path(shard).filename() == shard, index_file.string(), ": shard '",
+                shard, "' of '", name, "' is not a file name in ", dir.string());
+    auto loaded = shards.find(shard);
+    if (loaded == shards.end()) loaded = shards.emplace(shard, load_safetensors(dir / shard)).first;
+    auto it = loaded->second.find(name);
+    TORCH_CHECK(it != loaded->second.end(), index_file.string(), " places '", name, "' in ", shard,
+                ", which does not hold it");
+    tensors[name] = it->second;
+  }
+  return tensors;
+}
+
 void save_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata) {
   json header = json::object();

@@ -357,8 +357,11 @@ void GPT2LMHeadModelImpl::save_pretrained(const std::filesystem::path& dir) cons
 
 GPT2LMHeadModel GPT2LMHeadModel::from_pretrained(const std::filesystem::path& dir) {
   const GPT2Config config = GPT2Config::from_json_file(dir / "config.json");
-  const auto file = dir / "model.safetensors";
-  auto tensors = io::load_safetensors(file);
+  auto file = dir / "model.safetensors";
+  if (!std::filesystem::exists(file) &&
+      std::filesystem::exists(dir / "model.safetensors.index.json"))
+    file = dir / "model.safetensors.index.json";  // sharded
+  auto tensors = io::load_sharded_safetensors(dir);
   const std::string at = "from_pretrained: '" + file.string() + "': ";
   // The model is allocated from config.json's sizes: check first that the
   // weights file can fill it, so a wrong config cannot ask for any memory it likes.

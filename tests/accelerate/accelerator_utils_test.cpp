@@ -3,6 +3,8 @@
 // one-process behaviour. tests/dist/data_parallel_test.cpp runs them on two processes.
 #include "mixprec/accelerate/accelerator.h"
 #include "mixprec/io/safetensors.h"
+#include "mixprec/models/gpt2.h"
+#include "models/tiny_gpt2.h"
 
 #include "test_util.h"
 
@@ -183,8 +185,17 @@ struct TiedNet : torch::nn::Module {
   std::shared_ptr<torch::nn::Module> head;
 };
 
+// Every parameter and buffer of `a` equals `b`'s.
+void expect_same_state(torch::nn::Module& a, torch::nn::Module& b) {
+  const auto x = a.named_parameters(), y = b.named_parameters();
+  ASSERT_EQ(x.size(), y.size());
+  for (const auto& item : x) EXPECT_TRUE(torch::equal(item.value(), y[item.key()])) << item.key();
+  for (const auto& item : a.named_buffers())
+    EXPECT_TRUE(torch::equal(item.value(), b.named_buffers()[item.key()])) << item.key();
+}
+
 // Sharded or not, the same files as Accelerate's save_model: names, index (to the byte) and
-// tensors; the tied head is saved once, as embed.weight.
+// tensors; the tied head is saved once, as embed.weight. Both load back, tie included.
 TEST_F(AcceleratorUtils, SaveModelWritesTheFilesAccelerateWrites) {
   Accelerator accelerator;
   auto net = std::make_shared<TiedNet>();
@@ -215,7 +226,38 @@ TEST_F(AcceleratorUtils, SaveModelWritesTheFilesAccelerateWrites) {
         EXPECT_TRUE(torch::equal(a.at(key), tensor)) << key;
       }
     }
+    for (const auto& folder : {ours, theirs}) {
+      auto loaded = std::make_shared<TiedNet>();
+      for (auto& p : loaded->parameters()) p.detach().zero_();
+      mixprec::accelerate::load_checkpoint_in_model(loaded, folder.string());
+      expect_same_state(*loaded, *net);
+    }
   }
+}
+
+// A sharded GPT-2 folder loads with from_pretrained; a shard the index names but that is
+// gone, or that lacks a tensor the index places in it, is an error naming both.
+TEST_F(AcceleratorUtils, ShardedModelsLoadBackAndBrokenShardsAreErrors) {
+  Accelerator accelerator;
+  mixprec::models::GPT2LMHeadModel gpt2(models_test::tiny_gpt2_config());
+  gpt2->save_pretrained(dir_);  // config.json and model.safetensors
+  accelerator.save_model(gpt2, dir_.string(), "20KB");
+  ASSERT_FALSE(fs::exists(dir_ / "model.safetensors"));
+  auto loaded = mixprec::models::GPT2LMHeadModel::from_pretrained(dir_);
+  expect_same_state(*loaded, *gpt2);
+
+  auto net = std::make_shared<TiedNet>();
+  const auto shards = dir_ / "tied";
+  accelerator.save_model(net, shards.string(), "0.1KB");
+  fs::remove(shards / "model-00001-of-00002.safetensors");
+  EXPECT_TRUE(
+      has(error_of([&] { mixprec::accelerate::load_checkpoint_in_model(net, shards.string()); }),
+          "model-00001-of-00002.safetensors"));
+  std::ofstream(shards / "model.safetensors.index.json")
+      << R"({"weight_map": {"embed.weight": "model-00002-of-00002.safetensors"}})";
+  EXPECT_TRUE(
+      has(error_of([&] { mixprec::accelerate::load_checkpoint_in_model(net, shards.string()); }),
+          "places 'embed.weight' in model-00002-of-00002.safetensors, which does not hold it"));
 }
 
 // A save into a folder that held another save's shards leaves only its own files.

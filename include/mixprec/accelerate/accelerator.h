@@ -506,9 +506,8 @@ class Accelerator {
   /// `model-00001-of-00002.safetensors` with `model.safetensors.index.json`. A tensor that
   /// is also under an earlier name (a tied weight: the same data, dtype and view) is saved
   /// under that name only (Accelerate drops any later tensor of the same storage, views
-  /// too, and sizes shards by storage). Files of
-  /// an earlier save that this one does not write are removed. The main process writes;
-  /// every process must call it.
+  /// too, and sizes shards by storage). Files of an earlier save that this one does not
+  /// write are removed. The main process writes; every process must call it.
   void save_model(const torch::nn::Module& model, const std::string& save_directory,
                   const std::string& max_shard_size = "10GB") const;
   template <ModuleHandle M>
@@ -555,6 +554,17 @@ class Accelerator {
 
   std::shared_ptr<detail::Shared> shared_;
 };
+
+/// Accelerate's load_checkpoint_in_model: loads `checkpoint` into `model`: a .safetensors
+/// file, or a folder that Accelerator::save_model or HF's save_pretrained wrote (sharded or
+/// not). A tied weight saved under one of its names loads into all. Stricter than
+/// Accelerate's default (strict=False, which warns): a missing or unexpected tensor, or a
+/// shape that does not fit, is an error that names it and the file.
+void load_checkpoint_in_model(torch::nn::Module& model, const std::string& checkpoint);
+template <ModuleHandle M>
+void load_checkpoint_in_model(M model, const std::string& checkpoint) {  // a handle: shares it
+  load_checkpoint_in_model(*model, checkpoint);
+}
 
 /// Seeds every generator a run uses (LibTorch's CPU and CUDA generators and
 /// std::rand), as accelerate.utils.set_seed does.

@@ -49,6 +49,11 @@ std::vector<std::string> save_sharded_safetensors(
     const std::filesystem::path& dir,
     const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes);
 
+/// Reads what save_sharded_safetensors (or HF's save_pretrained) wrote in `dir`:
+/// `model.safetensors`, else the shards that `model.safetensors.index.json` lists. A shard
+/// missing, or a tensor the index places in a shard that lacks it, is an error that names both.
+TensorMap load_sharded_safetensors(const std::filesystem::path& dir);
+
 /// Writes `contents` to `path` atomically (temporary file, fsync, rename):
 /// a reader sees the old file or the new one, never half of one.
 void write_file_atomically(const std::filesystem::path& path, const std::string& contents);

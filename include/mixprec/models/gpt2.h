@@ -163,9 +163,10 @@ class GPT2LMHeadModel : public torch::nn::ModuleHolder<GPT2LMHeadModelImpl> {
   using torch::nn::ModuleHolder<GPT2LMHeadModelImpl>::ModuleHolder;
   using torch::nn::ModuleHolder<GPT2LMHeadModelImpl>::get;
 
-  /// Reads `dir/config.json` and `dir/model.safetensors` as written by HF's `save_pretrained`
-  /// (keys with or without the `transformer.` prefix). A missing key, a shape that does not
-  /// match the config, or an unknown key is an error naming the key and the shapes.
+  /// Reads `dir/config.json` and `dir/model.safetensors` (or its shards and their index) as
+  /// written by HF's `save_pretrained` (keys with or without the `transformer.` prefix). A
+  /// missing key, a shape that does not match the config, or an unknown key is an error
+  /// naming the key and the shapes.
   static GPT2LMHeadModel from_pretrained(const std::filesystem::path& dir);
 };
 
