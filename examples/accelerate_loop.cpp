@@ -100,7 +100,10 @@ int main(int argc, char** argv) {
       accelerator.print(line);
     }
     accelerator.end_training();
-    accelerator.print("logs: ", log_dir, "/accelerate_loop (tensorboard --logdir ", log_dir, ")");
+    // The weights as Accelerate saves them: model.safetensors, loadable by PyTorch.
+    accelerator.save_model(model, log_dir + "/accelerate_loop/model");
+    accelerator.print("logs: ", log_dir, "/accelerate_loop (tensorboard --logdir ", log_dir,
+                      "); weights: ", log_dir, "/accelerate_loop/model/model.safetensors");
   } catch (const std::exception& e) {
     std::fprintf(stderr, "accelerate_loop: %s\n", e.what());
     return 1;

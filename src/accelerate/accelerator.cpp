@@ -605,7 +605,8 @@ Accelerator::GoesFirstGuard::~GoesFirstGuard() {
   try {
     accelerator_.wait_for_everyone();
   } catch (const std::exception& e) {
-    TORCH_WARN("Accelerator::main_process_first: the other processes did not follow: ", e.what());
+    TORCH_WARN("Accelerator::main_process_first: the other processes did not reach the barrier (",
+               e.what(), "); the processes are out of step, and the next collective will fail");
   }
 }
 
@@ -731,6 +732,7 @@ void Accelerator::free_memory() {
 void load_checkpoint_in_model(torch::nn::Module& model, const std::string& checkpoint) {
   const std::filesystem::path path(checkpoint);
   const auto tensors = std::filesystem::is_directory(path) ? io::load_sharded_safetensors(path)
+                       : path.extension() == ".json"       ? io::load_safetensors_index(path)
                                                            : io::load_safetensors(path);
   io::load_module_state(model, tensors, checkpoint);
 }

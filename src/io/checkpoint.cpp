@@ -18,6 +18,8 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <tuple>
@@ -112,24 +114,40 @@ void load_module_state(torch::nn::Module& module, const TensorMap& state,
   std::set<std::string> expected;
   at::NoGradGuard no_grad;
   // A tied weight (one tensor under two names) may be saved under one of them only, as
-  // Accelerate's save_model and HF's save_pretrained do.
-  auto view = [](const at::Tensor& t) {
-    return std::tuple(t.data_ptr(), t.sizes().vec(), t.strides().vec(), t.scalar_type());
+  // Accelerate's save_model and HF's save_pretrained do. Tensors without data (meta) tie to
+  // nothing.
+  using View = std::tuple<const void*, std::vector<int64_t>, std::vector<int64_t>, at::ScalarType,
+                          std::string>;
+  auto view = [](const at::Tensor& t) -> std::optional<View> {
+    if (t.numel() == 0 || t.data_ptr() == nullptr) return std::nullopt;
+    return View(t.data_ptr(), t.sizes().vec(), t.strides().vec(), t.scalar_type(),
+                t.device().str());
   };
-  std::set<decltype(view(at::Tensor()))> saved;
-  for (const auto& item : module.named_parameters())
-    if (state.count(item.key()) && item.value().numel() > 0) saved.insert(view(item.value()));
-  for (const auto& item : module.named_buffers())
-    if (state.count(item.key()) && item.value().numel() > 0) saved.insert(view(item.value()));
+  std::map<View, std::string> loaded;  // each tied tensor: the first of its names that was loaded
   auto load = [&](const std::string& name, at::Tensor& target) {
     expected.insert(name);
     auto it = state.find(name);
-    if (it == state.end() && target.numel() > 0 && saved.count(view(target))) return;
+    const auto key = view(target);
+    if (it == state.end() && key) {  // saved under another of its names?
+      bool elsewhere = false;
+      for (const auto& item : module.named_parameters())
+        elsewhere |= state.count(item.key()) && view(item.value()) == key;
+      for (const auto& item : module.named_buffers())
+        elsewhere |= state.count(item.key()) && view(item.value()) == key;
+      if (elsewhere) return;
+    }
     TORCH_CHECK(it != state.end(), source, ": missing '", name, "' (shape ", target.sizes(), ")");
     TORCH_CHECK(it->second.sizes() == target.sizes(), source, ": '", name, "' has shape ",
                 it->second.sizes(), ", the model expects ", target.sizes());
     TORCH_CHECK(it->second.is_floating_point() == target.is_floating_point(), source, ": '", name,
                 "' is ", it->second.scalar_type(), ", the model holds ", target.scalar_type());
+    if (key) {
+      const auto [first, inserted] = loaded.emplace(*key, name);
+      TORCH_CHECK(
+          inserted || at::equal(it->second.to(target.device(), target.scalar_type()), target),
+          source, ": '", name, "' and '", first->second,
+          "' are one tensor in the model (tied), but the file holds different values");
+    }
     target.copy_(it->second);
   };
   for (auto& item : module.named_parameters()) load(item.key(), item.value());

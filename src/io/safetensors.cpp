@@ -218,6 +218,8 @@ std::vector<std::string> save_sharded_safetensors(
     written.push_back(std::move(name));
   }
   if (shards.size() > 1) {
+    // A reader takes model.safetensors first: an old one must go before the index appears.
+    std::filesystem::remove(dir / "model.safetensors");
     const json index{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     write_file_atomically(index_file, index.dump(2) + "\n");
     written.emplace_back("model.safetensors.index.json");
@@ -237,6 +239,11 @@ TensorMap load_sharded_safetensors(const std::filesystem::path& dir) {
   const auto single = dir / "model.safetensors", index_file = dir / "model.safetensors.index.json";
   if (std::filesystem::exists(single) || !std::filesystem::exists(index_file))
     return load_safetensors(single);  // its error names the file when neither is there
+  return load_safetensors_index(index_file);
+}
+
+TensorMap load_safetensors_index(const std::filesystem::path& index_file) {
+  const auto dir = index_file.parent_path();
   json index;
   try {
     index = json::parse(read_file(index_file));
@@ -251,8 +258,14 @@ TensorMap load_sharded_safetensors(const std::filesystem::path& dir) {
     TORCH_CHECK(file.is_string(), index_file.string(), ": the file of '", name,
                 "' should be a string, got ", file.dump());
     const std::string shard = file.get<std::string>();
-    TORCH_CHECK(std::filesystem::path(shard).filename() == shard, index_file.string(), ": shard '",
-                shard, "' of '", name, "' is not a file name in ", dir.string());
+    const std::filesystem::path relative(shard);
+    TORCH_CHECK(!shard.empty() && relative.is_relative() &&
+                    std::ranges::none_of(relative,
+                                         [](const auto& part) {
+                                           return part == "." || part == ".." || part.empty();
+                                         }),
+                index_file.string(), ": shard '", shard, "' of '", name, "' is not a path inside ",
+                dir.string());
     auto loaded = shards.find(shard);
     if (loaded == shards.end()) loaded = shards.emplace(shard, load_safetensors(dir / shard)).first;
     auto it = loaded->second.find(name);

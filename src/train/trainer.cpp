@@ -654,7 +654,8 @@ void Trainer::log_in_place(Metrics& logs) {
 Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
   if (!eval_dataset) eval_dataset = impl_->eval_dataset;
   TORCH_CHECK(eval_dataset, "Trainer::evaluate: no eval_dataset");
-  Metrics metrics = prediction_loop(eval_dataset, "eval").metrics;
+  // As HF: without compute_metrics, nothing needs the logits (a language model's are large).
+  Metrics metrics = prediction_loop(eval_dataset, "eval", !impl_->compute_metrics).metrics;
   log_in_place(metrics);
   impl_->call(args_, state_,
               [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_evaluate(a, s, c, metrics); });
@@ -663,7 +664,7 @@ Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
 
 PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
   TORCH_CHECK(test_dataset, "Trainer::predict: no dataset");
-  PredictionOutput output = prediction_loop(std::move(test_dataset), "test");
+  PredictionOutput output = prediction_loop(std::move(test_dataset), "test", false);
   if (!impl_->in_train)
     impl_->call(args_, state_, [&](auto& cb, auto& a, auto& s, auto& c) {
       cb.on_predict(a, s, c, output.metrics);
@@ -672,7 +673,8 @@ PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
 }
 
 // HF's evaluation_loop: the metrics' names start with `prefix`_.
-PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::string& prefix) {
+PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::string& prefix,
+                                          bool loss_only) {
   auto& acc = *accelerator_;
   auto& impl = *impl_;
   // As HF: outside train(), *_full_eval runs the whole model in 16 bits.
@@ -715,9 +717,11 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
     auto gather = [&](const at::Tensor& t) {
       return acc.gather(acc.pad_across_processes(t, 1, -100)).index({keep});
     };
-    if (out.logits.defined()) logits.push_back(gather(out.logits.detach().to(at::kFloat).cpu()));
-    auto label = on_device.find(args_.label_names ? args_.label_names->front() : "labels");
-    if (label != on_device.end()) labels.push_back(gather(label->second.cpu()));
+    if (!loss_only) {
+      if (out.logits.defined()) logits.push_back(gather(out.logits.detach().to(at::kFloat).cpu()));
+      auto label = on_device.find(args_.label_names ? args_.label_names->front() : "labels");
+      if (label != on_device.end()) labels.push_back(gather(label->second.cpu()));
+    }
     impl.call(args_, state_,
               [](auto& cb, auto& a, auto& s, auto& c) { cb.on_prediction_step(a, s, c); });
     ++batches;

@@ -249,6 +249,30 @@ TEST_F(AcceleratorUtils, ShardedModelsLoadBackAndBrokenShardsAreErrors) {
   auto net = std::make_shared<TiedNet>();
   const auto shards = dir_ / "tied";
   accelerator.save_model(net, shards.string(), "0.1KB");
+  auto from_index = std::make_shared<TiedNet>();  // the index's path also does
+  for (auto& p : from_index->parameters()) p.detach().zero_();
+  mixprec::accelerate::load_checkpoint_in_model(from_index,
+                                                (shards / "model.safetensors.index.json").string());
+  expect_same_state(*from_index, *net);
+  // Both names of a tied weight in a file, with different values: which one would win?
+  const auto conflicting = dir_ / "conflicting.safetensors";
+  mixprec::io::save_safetensors(conflicting, {{"steps", net->steps},
+                                              {"embed.weight", net->embed->weight},
+                                              {"head.weight", net->embed->weight + 1},
+                                              {"hidden.weight", net->hidden->weight},
+                                              {"hidden.bias", net->hidden->bias}});
+  EXPECT_TRUE(has(
+      error_of([&] { mixprec::accelerate::load_checkpoint_in_model(net, conflicting.string()); }),
+      "'head.weight' and 'embed.weight' are one tensor in the model (tied), but the "
+      "file holds different values"));
+  std::ofstream(dir_ / "outside.json")
+      << R"({"weight_map": {"embed.weight": "../model-00001-of-00002.safetensors"}})";
+  EXPECT_TRUE(has(error_of([&] {
+                    mixprec::accelerate::load_checkpoint_in_model(net,
+                                                                  (dir_ / "outside.json").string());
+                  }),
+                  "shard '../model-00001-of-00002.safetensors' of 'embed.weight' is not a path "
+                  "inside"));
   fs::remove(shards / "model-00001-of-00002.safetensors");
   EXPECT_TRUE(
       has(error_of([&] { mixprec::accelerate::load_checkpoint_in_model(net, shards.string()); }),

@@ -16,6 +16,8 @@ import subprocess
 import sys
 import tempfile
 
+import safetensors.torch
+import torch
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -75,6 +77,9 @@ def accelerate_loop(examples, work):
         check(tag in tags, f"accelerate_loop: TensorBoard log has no {tag} (has {tags})")
     check(tensorboard.Scalars("eval/accuracy")[-1].value >= MIN_ACCURACY,
           "accelerate_loop: logged accuracy")
+    weights = safetensors.torch.load_file(logs / "model" / "model.safetensors")
+    check(weights and all(t.dtype == torch.float32 for t in weights.values()),
+          f"accelerate_loop: saved weights {sorted(weights)}")
 
     # Data parallel, as the README launches it: only the main process prints.
     out = run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",

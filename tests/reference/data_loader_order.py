@@ -47,6 +47,14 @@ ACCELERATE_CASES = [
     (23, 3, True, 42, 2, True, 2, True),
     (10, 3, True, 5, 1, False, 1, False),
     (100, 16, True, 1234, 2, False, 2, True),
+] + [
+    # Every small shape, unshuffled (shuffling only permutes the positions these cover).
+    (n, batch_size, False, 0, 0, drop_last, processes, split)
+    for n in (0, 1, 3, 4, 5, 7, 8, 9, 13)
+    for batch_size in (1, 2, 3)
+    for processes in (2, 3)
+    for drop_last in (False, True)
+    for split in (False, True)
 ]
 
 SPLIT_CASES = [

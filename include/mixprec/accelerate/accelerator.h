@@ -312,9 +312,12 @@ class Accelerator {
   AcceleratedOptimizer prepare_one(torch::optim::Optimizer& optimizer);
   /// Accelerate's prepare(dataloader): a DataLoader of `dataset` with this
   /// process's rank and the number of processes filled into `options` (and,
-  /// with split_batches, batch_size divided among the processes). A shuffled
-  /// loader without a seed takes one from torch's generator (main process's,
-  /// so set_seed decides the order), as Accelerate's synchronized generator.
+  /// with split_batches, batch_size divided among the processes), sharded as
+  /// Accelerate's BatchSamplerShard. A shuffled loader without a seed takes one
+  /// from torch's generator (main process's, so set_seed decides the order), and
+  /// each epoch's order is randperm(seed + epoch): Accelerate's with
+  /// use_seedable_sampler (the HF Trainer's default). Accelerate's own default
+  /// draws each epoch's order from one generator instead: another random order.
   PreparedDataLoader prepare_data_loader(data::DatasetPtr dataset,
                                          data::DataLoaderOptions options = {},
                                          data::CollateFn collate = {});
@@ -556,10 +559,11 @@ class Accelerator {
 };
 
 /// Accelerate's load_checkpoint_in_model: loads `checkpoint` into `model`: a .safetensors
-/// file, or a folder that Accelerator::save_model or HF's save_pretrained wrote (sharded or
-/// not). A tied weight saved under one of its names loads into all. Stricter than
-/// Accelerate's default (strict=False, which warns): a missing or unexpected tensor, or a
-/// shape that does not fit, is an error that names it and the file.
+/// file, a `*.safetensors.index.json` and its shards, or a folder that Accelerator::save_model
+/// or HF's save_pretrained wrote (sharded or not). Tied weights must hold equal values. A tied
+/// weight saved under one of its names loads into all. Stricter than Accelerate's default
+/// (strict=False, which warns): a missing or unexpected tensor, or a shape that does not fit, is an
+/// error that names it and the file.
 void load_checkpoint_in_model(torch::nn::Module& model, const std::string& checkpoint);
 template <ModuleHandle M>
 void load_checkpoint_in_model(M model, const std::string& checkpoint) {  // a handle: shares it

@@ -53,6 +53,8 @@ std::vector<std::string> save_sharded_safetensors(
 /// `model.safetensors`, else the shards that `model.safetensors.index.json` lists. A shard
 /// missing, or a tensor the index places in a shard that lacks it, is an error that names both.
 TensorMap load_sharded_safetensors(const std::filesystem::path& dir);
+/// The shards that a `*.safetensors.index.json` lists, beside it (paths inside its folder).
+TensorMap load_safetensors_index(const std::filesystem::path& index_file);
 
 /// Writes `contents` to `path` atomically (temporary file, fsync, rename):
 /// a reader sees the old file or the new one, never half of one.

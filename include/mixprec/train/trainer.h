@@ -133,7 +133,9 @@ class Trainer {
   }
   // Writes a checkpoint of the run into output_dir/checkpoint-<global_step> (in train()).
   void save_checkpoint();
-  PredictionOutput prediction_loop(data::DatasetPtr dataset, const std::string& prefix);
+  // loss_only: HF's prediction_loss_only, no logits or labels kept (nor gathered).
+  PredictionOutput prediction_loop(data::DatasetPtr dataset, const std::string& prefix,
+                                   bool loss_only);
   void rotate_checkpoints(int64_t limit) const;
   void open_trackers();
   void log_in_place(Metrics& logs);
