@@ -461,6 +461,22 @@ TEST_F(DataParallel, NoSyncKeepsGradientsOnEachProcessUntilTheNextSync) {
       first_grad(), accelerator.reduce(local->parameters()[0].grad(), "mean"), 1e-6, 1e-6));
 }
 
+// An accumulation step keeps its gradients local, unless its backward is triggered to sync.
+TEST_F(DataParallel, TriggerSyncInBackwardSyncsAnAccumulationStep) {
+  Accelerator accumulating({.gradient_accumulation_steps = 2});
+  auto net = make_net();
+  auto model = accumulating.prepare(net);
+  torch::manual_seed(1 + accumulating.process_index());  // different data on each rank
+  {
+    auto step = accumulating.accumulate();  // micro-step 1 of 2
+    ASSERT_FALSE(accumulating.sync_gradients());
+    auto loss = model(torch::randn({4, 6})).sum();
+    auto sync = accumulating.trigger_sync_in_backward(model);
+    accumulating.backward(loss);
+  }
+  expect_same_on_every_rank(accumulating, net->parameters()[0].grad());
+}
+
 // Accelerate's utilities beside gather, on 2 processes.
 TEST_F(DataParallel, PadGatherObjectSplitTriggerAndGoingFirst) {
   const int64_t rank = accelerator.process_index(), world = accelerator.num_processes();

@@ -351,28 +351,36 @@ class Accelerator {
   /// Accelerate's no_sync(model): while the guard lives, the backward passes of
   /// `model`'s forwards keep their gradients on each process (no all-reduce; DDP's
   /// no_sync), to accumulate them by hand. A no-op in one process.
-  class NoSyncGuard {
+  class GradSyncGuard {  // sets DDP's require_backward_grad_sync while it lives
    public:
-    ~NoSyncGuard() {
+    ~GradSyncGuard() {
       if (reducer_) reducer_->set_require_backward_grad_sync(previous_);
     }
-    NoSyncGuard(const NoSyncGuard&) = delete;
-    NoSyncGuard& operator=(const NoSyncGuard&) = delete;
+    GradSyncGuard(const GradSyncGuard&) = delete;
+    GradSyncGuard& operator=(const GradSyncGuard&) = delete;
 
    private:
     friend class Accelerator;
-    explicit NoSyncGuard(std::shared_ptr<dist::GradientReducer> reducer)
+    GradSyncGuard(std::shared_ptr<dist::GradientReducer> reducer, bool sync)
         : reducer_(std::move(reducer)) {
       if (!reducer_) return;
       previous_ = reducer_->require_backward_grad_sync();
-      reducer_->set_require_backward_grad_sync(false);
+      reducer_->set_require_backward_grad_sync(sync);
     }
     std::shared_ptr<dist::GradientReducer> reducer_;
     bool previous_ = true;
   };
   template <ModuleHandle M>
-  [[nodiscard]] NoSyncGuard no_sync(const PreparedModel<M>& model) const {
-    return NoSyncGuard(model.reducer_);
+  [[nodiscard]] GradSyncGuard no_sync(const PreparedModel<M>& model) const {
+    return GradSyncGuard(model.reducer_, false);
+  }
+  /// Accelerate's trigger_sync_in_backward(model): the next backward of `model` all-reduces,
+  /// though its forward ran where gradients stay local (an accumulation step, no_sync). A
+  /// no-op in one process.
+  template <ModuleHandle M>
+  [[nodiscard]] GradSyncGuard trigger_sync_in_backward(const PreparedModel<M>& model) const {
+    if (model.reducer_) model.reducer_->prepare_for_backward();
+    return GradSyncGuard(model.reducer_, true);
   }
   bool sync_gradients() const { return shared_->gradient_state.sync_gradients; }
   const GradientState& gradient_state() const { return shared_->gradient_state; }
@@ -560,10 +568,10 @@ class Accelerator {
 
 /// Accelerate's load_checkpoint_in_model: loads `checkpoint` into `model`: a .safetensors
 /// file, a `*.safetensors.index.json` and its shards, or a folder that Accelerator::save_model
-/// or HF's save_pretrained wrote (sharded or not). Tied weights must hold equal values. A tied
-/// weight saved under one of its names loads into all. Stricter than Accelerate's default
-/// (strict=False, which warns): a missing or unexpected tensor, or a shape that does not fit, is an
-/// error that names it and the file.
+/// or HF's save_pretrained wrote (sharded or not). A tied weight saved under one of its names
+/// loads into all (saved under several, they must hold equal values). Stricter than
+/// Accelerate's default (strict=False, which warns): a missing or unexpected tensor, or a
+/// shape that does not fit, is an error that names it and the file.
 void load_checkpoint_in_model(torch::nn::Module& model, const std::string& checkpoint);
 template <ModuleHandle M>
 void load_checkpoint_in_model(M model, const std::string& checkpoint) {  // a handle: shares it
