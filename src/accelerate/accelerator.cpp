@@ -19,8 +19,6 @@
 #include <cstring>
 #include <exception>
 #include <mutex>
-#include <set>
-#include <tuple>
 
 #ifdef __GLIBC__
 #include <malloc.h>
@@ -214,6 +212,9 @@ std::string nth(const std::string& stem, size_t n, const std::string& extension)
 
 }  // namespace
 
+// Automatically named checkpoints: checkpoint_0, checkpoint_1, ... as Accelerate names them.
+constexpr const char* kCheckpointPrefix = "checkpoint_";
+
 std::filesystem::path Accelerator::checkpoints_dir() const {
   return std::filesystem::path(shared_->options.project_dir) / "checkpoints";
 }
@@ -231,12 +232,12 @@ std::filesystem::path Accelerator::save_state(
                 "Accelerator::save_state: no folder given, and "
                 "project_config.automatic_checkpoint_naming is off");
     const auto root = checkpoints_dir();
-    dir = root / ("checkpoint_" + std::to_string(project.iteration));
+    dir = root / (kCheckpointPrefix + std::to_string(project.iteration));
     TORCH_CHECK(!std::filesystem::exists(dir), "Accelerator::save_state: checkpoint folder ",
                 dir.string(), " (iteration ", project.iteration,
                 ") already exists; set project_configuration().iteration to the number to go on "
                 "from");
-    if (is_main_process()) io::remove_unfinished_checkpoints(root, "checkpoint_");
+    if (is_main_process()) io::remove_unfinished_checkpoints(root, kCheckpointPrefix);
   }
   // Every process's generators, gathered to the main process that writes.
   std::vector<io::TensorMap> rng_states;
@@ -290,7 +291,7 @@ std::filesystem::path Accelerator::save_state(
     // The oldest go once the new one is whole (Accelerate deletes them before writing it).
     // Never the new one, even when a lower iteration was set by hand.
     if (!dir_name && project.total_limit) {
-      auto saved = io::checkpoints(checkpoints_dir(), "checkpoint_");
+      auto saved = io::checkpoints(checkpoints_dir(), kCheckpointPrefix);
       std::erase_if(saved,
                     [&](const auto& old) { return std::filesystem::equivalent(old.second, dir); });
       for (size_t i = 0; i + static_cast<size_t>(*project.total_limit) < saved.size() + 1; ++i)
@@ -314,11 +315,11 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name) {
                 "Accelerator::load_state: no folder given, and "
                 "project_config.automatic_checkpoint_naming is off");
     const auto root = checkpoints_dir();
-    const auto last = io::last_good_checkpoint(root, "checkpoint_");
+    const auto last = io::last_good_checkpoint(root, kCheckpointPrefix);
     TORCH_CHECK(last, "Accelerator::load_state: no checkpoint_N folder in ", root.string());
     dir = *last;
     // The next save goes after every folder there, a damaged newer one included.
-    project.iteration = io::checkpoints(root, "checkpoint_").back().first + 1;
+    project.iteration = io::checkpoints(root, kCheckpointPrefix).back().first + 1;
   }
   auto read_json = [&](const std::string& name) {
     const auto file = dir / name;
@@ -383,32 +384,6 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name) {
   shared_->step = step.get<int64_t>();
 }
 
-namespace {
-
-// A tensor's data, as a view: what a tied weight shares.
-using TensorKey = std::tuple<const void*, std::vector<int64_t>, std::vector<int64_t>,
-                             at::ScalarType, std::string>;
-
-// PyTorch's state_dict order (each module's parameters, its buffers, then its children's),
-// a tensor already there under another name (a tied weight) left out, as Accelerate does.
-void collect_state(const torch::nn::Module& module, const std::string& prefix,
-                   std::vector<std::pair<std::string, at::Tensor>>& state,
-                   std::set<TensorKey>& seen) {
-  auto add = [&](const std::string& name, const at::Tensor& t) {
-    if (!t.defined()) return;
-    if (t.numel() == 0 || seen.emplace(t.data_ptr(), t.sizes().vec(), t.strides().vec(),
-                                       t.scalar_type(), t.device().str())
-                              .second)
-      state.emplace_back(prefix + name, t.detach());
-  };
-  for (const auto& p : module.named_parameters(/*recurse=*/false)) add(p.key(), p.value());
-  for (const auto& b : module.named_buffers(/*recurse=*/false)) add(b.key(), b.value());
-  for (const auto& child : module.named_children())
-    collect_state(*child.value(), prefix + child.key() + ".", state, seen);
-}
-
-}  // namespace
-
 void Accelerator::save_model(const torch::nn::Module& model, const std::string& save_directory,
                              const std::string& max_shard_size) const {
   const int64_t max_shard_bytes = io::parse_size(max_shard_size);
@@ -416,11 +391,8 @@ void Accelerator::save_model(const torch::nn::Module& model, const std::string& 
   TORCH_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir),
               "Accelerator::save_model: ", dir.string(), " should be a folder, not a file");
   if (is_main_process()) {
-    std::vector<std::pair<std::string, at::Tensor>> state;
-    std::set<TensorKey> seen;
-    collect_state(model, "", state, seen);
     std::filesystem::create_directories(dir);
-    io::save_sharded_safetensors(dir, state, max_shard_bytes);
+    io::save_sharded_safetensors(dir, io::untied_module_state(model), max_shard_bytes);
   }
   wait_for_everyone();
 }

@@ -109,33 +109,59 @@ TensorMap module_state(const torch::nn::Module& module) {
   return state;
 }
 
+namespace {
+
+// What a tied weight's names share: the data, as the same view. Tensors without data (empty,
+// or meta) tie to nothing.
+using TiedKey = std::tuple<const void*, std::vector<int64_t>, std::vector<int64_t>, at::ScalarType,
+                           std::string>;
+std::optional<TiedKey> tied_key(const at::Tensor& t) {
+  if (!t.defined() || t.numel() == 0 || t.data_ptr() == nullptr) return std::nullopt;
+  return TiedKey(t.data_ptr(), t.sizes().vec(), t.strides().vec(), t.scalar_type(),
+                 t.device().str());
+}
+
+void collect_untied(const torch::nn::Module& module, const std::string& prefix,
+                    std::vector<std::pair<std::string, at::Tensor>>& state,
+                    std::set<TiedKey>& seen) {
+  auto add = [&](const std::string& name, const at::Tensor& t) {
+    if (!t.defined()) return;
+    const auto key = tied_key(t);
+    if (!key || seen.insert(*key).second) state.emplace_back(prefix + name, t.detach());
+  };
+  for (const auto& p : module.named_parameters(/*recurse=*/false)) add(p.key(), p.value());
+  for (const auto& b : module.named_buffers(/*recurse=*/false)) add(b.key(), b.value());
+  for (const auto& child : module.named_children())
+    collect_untied(*child.value(), prefix + child.key() + ".", state, seen);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::string, at::Tensor>> untied_module_state(
+    const torch::nn::Module& module) {
+  std::vector<std::pair<std::string, at::Tensor>> state;
+  std::set<TiedKey> seen;
+  collect_untied(module, "", state, seen);
+  return state;
+}
+
 void load_module_state(torch::nn::Module& module, const TensorMap& state,
                        const std::string& source) {
   std::set<std::string> expected;
   at::NoGradGuard no_grad;
   // A tied weight (one tensor under two names) may be saved under one of them only, as
-  // Accelerate's save_model and HF's save_pretrained do. Tensors without data (meta) tie to
-  // nothing.
-  using View = std::tuple<const void*, std::vector<int64_t>, std::vector<int64_t>, at::ScalarType,
-                          std::string>;
-  auto view = [](const at::Tensor& t) -> std::optional<View> {
-    if (t.numel() == 0 || t.data_ptr() == nullptr) return std::nullopt;
-    return View(t.data_ptr(), t.sizes().vec(), t.strides().vec(), t.scalar_type(),
-                t.device().str());
-  };
-  std::map<View, std::string> loaded;  // each tied tensor: the first of its names that was loaded
+  // Accelerate's save_model and HF's save_pretrained do.
+  std::set<TiedKey> saved;  // the tensors the file has under some name
+  for (const auto& item : module.named_parameters())
+    if (const auto key = tied_key(item.value()); key && state.count(item.key())) saved.insert(*key);
+  for (const auto& item : module.named_buffers())
+    if (const auto key = tied_key(item.value()); key && state.count(item.key())) saved.insert(*key);
+  std::map<TiedKey, std::string> loaded;  // each tied tensor: the first of its names loaded
   auto load = [&](const std::string& name, at::Tensor& target) {
     expected.insert(name);
     auto it = state.find(name);
-    const auto key = view(target);
-    if (it == state.end() && key) {  // saved under another of its names?
-      bool elsewhere = false;
-      for (const auto& item : module.named_parameters())
-        elsewhere |= state.count(item.key()) && view(item.value()) == key;
-      for (const auto& item : module.named_buffers())
-        elsewhere |= state.count(item.key()) && view(item.value()) == key;
-      if (elsewhere) return;
-    }
+    const auto key = tied_key(target);
+    if (it == state.end() && key && saved.count(*key)) return;  // saved under another name
     TORCH_CHECK(it != state.end(), source, ": missing '", name, "' (shape ", target.sizes(), ")");
     TORCH_CHECK(it->second.sizes() == target.sizes(), source, ": '", name, "' has shape ",
                 it->second.sizes(), ", the model expects ", target.sizes());

@@ -16,6 +16,11 @@ namespace mixprec::io {
 
 /// A module's parameters and buffers by their dotted names (its state_dict).
 TensorMap module_state(const torch::nn::Module& module);
+/// module_state in PyTorch's state_dict order (each module's parameters, its buffers, then its
+/// children's), a tensor that is also under an earlier name (a tied weight: the same data,
+/// dtype and view) left out, as Accelerate's save_model and HF's save_pretrained save them.
+std::vector<std::pair<std::string, at::Tensor>> untied_module_state(
+    const torch::nn::Module& module);
 /// Copies `state` into the module's parameters and buffers. Missing or
 /// unexpected names and shape or dtype mismatches are errors that name the
 /// tensor and `source` (the file it came from).
