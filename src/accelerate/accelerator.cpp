@@ -214,6 +214,8 @@ std::string nth(const std::string& stem, size_t n, const std::string& extension)
 
 // Automatically named checkpoints: checkpoint_0, checkpoint_1, ... as Accelerate names them.
 constexpr const char* kCheckpointPrefix = "checkpoint_";
+// How prepared loaders share the data among the processes, as dataloader_N.json records it.
+constexpr const char* kSharding = "batch_sampler_shard";
 
 std::filesystem::path Accelerator::checkpoints_dir() const {
   return std::filesystem::path(shared_->options.project_dir) / "checkpoints";
@@ -237,7 +239,6 @@ std::filesystem::path Accelerator::save_state(
                 dir.string(), " (iteration ", project.iteration,
                 ") already exists; set project_configuration().iteration to the number to go on "
                 "from");
-    if (is_main_process()) io::remove_unfinished_checkpoints(root, kCheckpointPrefix);
   }
   // Every process's generators, gathered to the main process that writes.
   std::vector<io::TensorMap> rng_states;
@@ -252,7 +253,8 @@ std::filesystem::path Accelerator::save_state(
   } else {
     rng_states.push_back(own);
   }
-  if (is_main_process()) {
+  main_process_writes("Accelerator::save_state", [&] {
+    if (!dir_name) io::remove_unfinished_checkpoints(checkpoints_dir(), kCheckpointPrefix);
     io::CheckpointWriter writer(dir);
     for (size_t i = 0; i < shared_->models.size(); ++i)
       writer.write_tensors(nth("model", i, ".safetensors"), io::module_state(*shared_->models[i]));
@@ -279,6 +281,7 @@ std::filesystem::path Accelerator::save_state(
       json state = loader.state();
       // A seed drawn from torch's generator: a resumed run draws its own, maybe another.
       if (loader.options().seed) state["seed"] = *loader.options().seed;
+      state["sharding"] = kSharding;
       writer.write_text(nth("dataloader", i, ".json"), state.dump());
     }
     writer.write_text("accelerator.json",
@@ -297,8 +300,7 @@ std::filesystem::path Accelerator::save_state(
       for (size_t i = 0; i + static_cast<size_t>(*project.total_limit) < saved.size() + 1; ++i)
         std::filesystem::remove_all(saved[i].second);
     }
-  }
-  wait_for_everyone();
+  });
   ++project.iteration;
   return dir;
 }
@@ -365,17 +367,30 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name) {
   for (size_t i = 0; i < shared_->custom_objects.size(); ++i)
     shared_->custom_objects[i]->load_state_dict(
         io::read_file(dir / nth("custom_checkpoint", i, ".json")));
+  const json accelerator_state = read_json("accelerator.json");
   for (size_t i = 0; i < shared_->loaders.size(); ++i) {
     const std::string name = nth("dataloader", i, ".json");
     try {
       const json state = read_json(name);
-      shared_->loaders[i]->load_state(state.get<data::DataLoaderState>());
+      const auto position = state.get<data::DataLoaderState>();
+      shared_->loaders[i]->load_state(position);
       if (state.contains("seed")) shared_->loaders[i]->set_seed(state.at("seed").get<uint64_t>());
+      // Mid-epoch, the batches done stand for other samples when the processes share the data
+      // otherwise. A checkpoint that does not record the sharding had DistributedSampler's.
+      const int64_t saved_processes =
+          accelerator_state.is_object() ? accelerator_state.value("num_processes", num_processes())
+                                        : num_processes();
+      const auto saved_sharding = state.value("sharding", std::string("distributed_sampler"));
+      if (position.batches_yielded > 0 && (saved_processes != num_processes() ||
+                                           (num_processes() > 1 && saved_sharding != kSharding)))
+        TORCH_WARN("Accelerator::load_state: ", (dir / name).string(), " stopped mid-epoch with ",
+                   saved_processes, " processes sharding as ", saved_sharding, "; this run has ",
+                   num_processes(), " sharding as ", kSharding,
+                   ", so the rest of the epoch can repeat or skip samples");
     } catch (const json::exception& e) {
       TORCH_CHECK(false, (dir / name).string(), ": ", e.what());
     }
   }
-  const json accelerator_state = read_json("accelerator.json");
   const json step =
       accelerator_state.is_object() ? accelerator_state.value("step", json(0)) : json();
   TORCH_CHECK(step.is_number_integer() && step.get<int64_t>() >= 0,
@@ -390,11 +405,28 @@ void Accelerator::save_model(const torch::nn::Module& model, const std::string& 
   const std::filesystem::path dir(save_directory);
   TORCH_CHECK(!std::filesystem::exists(dir) || std::filesystem::is_directory(dir),
               "Accelerator::save_model: ", dir.string(), " should be a folder, not a file");
-  if (is_main_process()) {
+  main_process_writes("Accelerator::save_model", [&] {
     std::filesystem::create_directories(dir);
     io::save_sharded_safetensors(dir, io::untied_module_state(model), max_shard_bytes);
+  });
+}
+
+void Accelerator::main_process_writes(const char* what, const std::function<void()>& write) const {
+  std::exception_ptr failure;
+  std::string message;
+  if (is_main_process()) {
+    try {
+      write();
+    } catch (const std::exception& e) {
+      failure = std::current_exception();
+      message = *e.what() ? e.what() : "an error without a message";
+    }
   }
-  wait_for_everyone();
+  if (shared_->group)
+    message =
+        gather_object(is_main_process() ? std::vector{message} : std::vector<std::string>{}).at(0);
+  if (failure) std::rethrow_exception(failure);
+  TORCH_CHECK(message.empty(), what, ": the main process failed: ", message);
 }
 
 AcceleratedOptimizer::AcceleratedOptimizer(torch::optim::Optimizer& optimizer,

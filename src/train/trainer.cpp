@@ -572,7 +572,6 @@ void Trainer::save_checkpoint() {
   auto& acc = *accelerator_;
   const fs::path dir =
       fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step));
-  if (acc.is_main_process()) fs::create_directories(args_.output_dir);
   if (args_.metric_for_best_model && state_.best_global_step == state_.global_step)
     state_.best_model_checkpoint = dir.string();
   acc.save_state(dir.string(), {{"trainer_state.json", state_.to_json()},
@@ -693,7 +692,7 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   impl.module->eval();
   at::NoGradGuard no_grad;
   std::vector<at::Tensor> logits, labels, losses;
-  int64_t samples = 0, batches = 0;
+  int64_t batches = 0;
   const size_t last = loader.size() - 1;
   for (const data::Batch& batch : loader) {
     const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype);
@@ -708,7 +707,6 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
                                    ? static_cast<int64_t>(loader.num_padding_samples())
                                    : 0);
     const auto keep = acc.gather((at::arange(n) < valid).to(at::kByte)).to(at::kBool);
-    samples += keep.sum().item<int64_t>();
     if (out.loss.defined())  // the batch's mean loss for each sample, as HF repeats it
       losses.push_back(
           acc.gather(out.loss.detach().to(at::kFloat).cpu().reshape({1}).expand({n}).contiguous())
@@ -737,10 +735,15 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   if (impl.compute_metrics && output.predictions.defined() && output.label_ids.defined())
     for (const auto& [key, value] : impl.compute_metrics({output.predictions, output.label_ids}))
       output.metrics[key.starts_with(prefix + "_") ? key : prefix + "_" + key] = value;
+  // As HF's speed_metrics: the dataset's samples, and the steps a whole pass over them takes
+  // (dataloader_drop_last aside).
   const double runtime = seconds_since(start);
+  const auto samples = static_cast<int64_t>(loader.dataset()->size());
+  const int64_t global_batch = args_.per_device_eval_batch_size * acc.num_processes();
   output.metrics[prefix + "_runtime"] = runtime;
   output.metrics[prefix + "_samples_per_second"] = static_cast<double>(samples) / runtime;
-  output.metrics[prefix + "_steps_per_second"] = static_cast<double>(batches) / runtime;
+  output.metrics[prefix + "_steps_per_second"] =
+      static_cast<double>((samples + global_batch - 1) / global_batch) / runtime;
   return output;
 }
 

@@ -1,4 +1,6 @@
 #include "mixprec/accelerate/accelerator.h"
+#include "mixprec/io/checkpoint.h"
+#include "mixprec/io/safetensors.h"
 
 #include "mixprec/optim/optimizer_in_backward.h"
 
@@ -476,7 +478,43 @@ TEST(Accelerator, PreparedDataLoaderEndsAccumulationAndResumesFromAState) {
   std::vector<int64_t> rest;
   for (const auto& batch : again) rest.push_back(batch.at("x")[0].item<int64_t>());
   EXPECT_EQ(rest, (std::vector<int64_t>{4, 8}));
+
+  // The same checkpoint as if two processes had written it: the batch done was another one, and
+  // load_state says so.
+  const auto two = dir.string() + "_two";
+  {
+    mixprec::io::CheckpointWriter writer(two);
+    for (const auto& entry : std::filesystem::directory_iterator(dir)) {
+      const auto name = entry.path().filename().string();
+      if (name == "checksums.json") continue;
+      auto text = mixprec::io::read_file(entry.path());
+      if (name == "accelerator.json") {
+        auto state = nlohmann::json::parse(text);
+        state["num_processes"] = 2;
+        text = state.dump();
+      }
+      writer.write_text(name, text);
+    }
+    writer.commit();
+  }
+  struct Capture : c10::WarningHandler {
+    std::vector<std::string> messages;
+    void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  } capture;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&capture);
+    Accelerator one({.gradient_accumulation_steps = 2});
+    auto loader_again = one.prepare_data_loader(numbers(10), {.batch_size = 4});
+    one.load_state(two);
+    accelerator.load_state(dir.string());  // its own: no warning
+  }
+  ASSERT_EQ(capture.messages.size(), 1u);
+  EXPECT_NE(capture.messages[0].find("dataloader.json stopped mid-epoch with 2 processes sharding "
+                                     "as batch_sampler_shard; this run has 1"),
+            std::string::npos)
+      << capture.messages[0];
   std::filesystem::remove_all(dir);
+  std::filesystem::remove_all(two);
 }
 
 at::Tensor pass(mixprec::accelerate::PreparedDataLoader& loader) {

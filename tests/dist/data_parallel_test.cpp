@@ -18,6 +18,8 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <fstream>
+#include <functional>
 #include <limits>
 #include <string>
 #include <thread>
@@ -544,6 +546,38 @@ TEST_F(DataParallel, PadGatherObjectSplitTriggerAndGoingFirst) {
   EXPECT_EQ(mixprec::io::checkpoints(dir / "checkpoints", "checkpoint_").size(), 1u);
   saving.load_state();
   saving.wait_for_everyone();
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// Only the main process writes; when that fails, every process gets the error (before, the
+// others waited at a barrier for the process group's 30-minute timeout).
+TEST_F(DataParallel, AFailedWriteOnTheMainProcessIsAnErrorOnEveryProcess) {
+  const int64_t rank = accelerator.process_index();
+  const auto main_pid = accelerator.gather(torch::tensor({static_cast<int64_t>(getpid())}))[0];
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("mixprec_dp_fail_" + std::to_string(main_pid.item<int64_t>()));
+  if (rank == 0) {
+    // A folder where save_model's file goes, and a file where save_state's folder's parent goes.
+    std::filesystem::create_directories(dir / "model.safetensors" / "in_the_way");
+    std::ofstream(dir / "a_file") << "x";
+  }
+  accelerator.wait_for_everyone();
+  auto net = make_net();
+  auto expect_failure_everywhere = [&](const std::function<void()>& save) {
+    std::string error = "<no error>";
+    try {
+      save();
+    } catch (const std::exception& e) {  // on the main process, std::filesystem's own
+      error = e.what();
+    }
+    EXPECT_NE(error, "<no error>");
+    if (rank != 0) EXPECT_NE(error.find("the main process failed: "), std::string::npos) << error;
+    // The processes are still in step.
+    EXPECT_EQ(accelerator.gather(torch::ones({1})).size(0), 2);
+  };
+  expect_failure_everywhere([&] { accelerator.save_model(*net, dir.string()); });
+  expect_failure_everywhere([&] { accelerator.save_state((dir / "a_file" / "ckpt").string()); });
+  accelerator.wait_for_everyone();
   if (rank == 0) std::filesystem::remove_all(dir);
 }
 

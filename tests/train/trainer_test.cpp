@@ -622,6 +622,11 @@ TEST_F(TrainerTest, MetricsCarryTheEpochAndKeepPrefixedKeys) {
   const Metrics eval = trainer.evaluate();
   EXPECT_EQ(eval.at("epoch"), 1.0);
   EXPECT_EQ(eval.at("eval_f1"), 0.5);
+  // As HF's speed_metrics: the eval set's size, and the steps of a pass over it.
+  const auto eval_size = static_cast<double>(eval_->size());
+  EXPECT_NEAR(eval.at("eval_samples_per_second") * eval.at("eval_runtime"), eval_size, 1e-9);
+  EXPECT_NEAR(eval.at("eval_steps_per_second") * eval.at("eval_runtime"),
+              std::ceil(eval_size / static_cast<double>(a.per_device_eval_batch_size)), 1e-9);
   EXPECT_TRUE(eval.count("eval_accuracy"));
   EXPECT_FALSE(eval.count("eval_eval_f1"));
   const auto predicted = trainer.predict(eval_).metrics;

@@ -18,6 +18,7 @@
 #include <concepts>
 #include <cstdint>
 #include <filesystem>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -562,6 +563,9 @@ class Accelerator {
   };
   Share share(size_t size, bool apply_padding) const;
   std::filesystem::path checkpoints_dir() const;
+  // Runs `write` on the main process; then every process learns whether it failed, and throws
+  // if it did (a barrier would leave the others waiting out the process group's timeout).
+  void main_process_writes(const char* what, const std::function<void()>& write) const;
 
   std::shared_ptr<detail::Shared> shared_;
 };
