@@ -1,6 +1,7 @@
 // Helpers shared by the test suites.
 #pragma once
 
+#include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <c10/util/ScopeExit.h>
@@ -25,6 +26,29 @@ inline nlohmann::json load_reference(const std::string& file) {
   std::ifstream in(path);
   if (!in) throw std::runtime_error("cannot open " + path);
   return nlohmann::json::parse(in);
+}
+
+/// Runs the passes of a random-sampler case of tests/reference/data_loader_order.py on `loader`
+/// (a DataLoader or a prepared one): passes of 1, size - 1, size batches and whole ones, in the
+/// script's order, each followed by a draw from torch's generator. Returns them as the script
+/// stores them: {"passes": [[batch's values of `key`, ...], ...], "draws": [...]}.
+template <typename Loader>
+nlohmann::json random_sampler_passes(Loader& loader, const std::string& key) {
+  const auto size = static_cast<int64_t>(loader.size());
+  const std::vector<int64_t> takes{-1, 1, std::max<int64_t>(size - 1, 1), size, -1, -1};
+  nlohmann::json passes = nlohmann::json::array(), draws = nlohmann::json::array();
+  for (const int64_t take : takes) {
+    nlohmann::json batches = nlohmann::json::array();
+    for (const auto& batch : loader) {
+      const at::Tensor values = batch.at(key).contiguous();
+      batches.push_back(std::vector<int64_t>(values.template data_ptr<int64_t>(),
+                                             values.template data_ptr<int64_t>() + values.numel()));
+      if (take >= 0 && static_cast<int64_t>(batches.size()) == take) break;
+    }
+    passes.push_back(batches);
+    draws.push_back(at::randint(0, int64_t{1} << 62, {1}, at::kLong).template item<int64_t>());
+  }
+  return {{"passes", passes}, {"draws", draws}};
 }
 
 /// The message of the c10::Error that f throws, without the backtrace.

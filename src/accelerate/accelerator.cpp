@@ -6,7 +6,9 @@
 #include "mixprec/optim/optimizer_in_backward.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
+#include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
 #include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
@@ -74,6 +76,10 @@ Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<
                                         (shared_->group ? shared_->group->local_rank() : 0) %
                                         torch::cuda::device_count()))
           : c10::Device(c10::kCPU);
+  // And the current device, as Accelerate's torch.cuda.set_device: what user code allocates on
+  // "cuda" lands on this process's GPU.
+  if (shared_->device.is_cuda())
+    c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(shared_->device);
   if (mp == "fp16") {
     shared_->autocast_dtype = c10::kHalf;
     // fp16 without loss scaling loses small gradients: the scaler is always on.
@@ -129,10 +135,26 @@ PreparedDataLoader Accelerator::prepare_data_loader(data::DatasetPtr dataset,
                 options.batch_size, " for ", options.num_replicas, " processes");
     options.batch_size /= options.num_replicas;
   }
-  if (options.shuffle && !options.seed) {
-    auto seed = at::empty({}, at::kLong).random_();  // from torch's default generator
-    if (shared_->group) shared_->group->broadcast_(seed);
-    options.seed = static_cast<uint64_t>(seed.item<int64_t>());
+  // The main process's seeds, so that the processes shuffle alike.
+  auto main_process_seed = [&](int64_t seed) {
+    at::Tensor value = at::scalar_tensor(seed, at::kLong);
+    if (shared_->group) shared_->group->broadcast_(value);
+    return static_cast<uint64_t>(value.item<int64_t>());
+  };
+  if (options.shuffle && !options.seed && !options.generator) {
+    const auto& o = shared_->options;
+    if (o.use_seedable_sampler) {  // SeedableRandomSampler: torch.random.initial_seed()
+      options.seed = main_process_seed(
+          o.data_seed ? static_cast<int64_t>(*o.data_seed)
+                      : static_cast<int64_t>(at::detail::getDefaultCPUGenerator().current_seed()));
+    } else {
+      // Accelerate's default: RandomSampler; in data parallel, with a generator seeded from
+      // torch's (which Accelerate synchronizes from the main process at each pass).
+      options.shuffle_order = data::ShuffleOrder::kRandomSampler;
+      if (num_processes() > 1)
+        options.generator = at::make_generator<at::CPUGeneratorImpl>(
+            main_process_seed(at::empty({}, at::kLong).random_().item<int64_t>()));
+    }
   }
   auto loader = std::make_shared<data::DataLoader>(std::move(dataset), options, std::move(collate));
   shared_->loaders.push_back(loader);
@@ -155,14 +177,9 @@ PreparedDataLoader Accelerator::skip_first_batches(const PreparedDataLoader& loa
 
 PreparedDataLoader::Iterator PreparedDataLoader::begin() {
   shared_->gradient_state.end_of_dataloader = false;
-  if (skip_batches_ > 0) {
-    const auto state = loader_->state();
-    if (!loader_->resume_pending() || state.batches_yielded < static_cast<int64_t>(skip_batches_))
-      loader_->load_state({state.epoch, static_cast<int64_t>(skip_batches_)});
-  }
   Iterator it;
   it.owner_ = this;
-  it.it_ = loader_->begin();
+  it.it_ = loader_->begin_from(skip_batches_);
   it.load();
   return it;
 }
@@ -193,7 +210,7 @@ void PreparedDataLoader::Iterator::load() {
     return;
   }
   for (const auto& [key, t] : *it_) batch_[key] = t.to(owner_->shared_->device);
-  state.end_of_dataloader = loader.state().batches_yielded == static_cast<int64_t>(loader.size());
+  state.end_of_dataloader = loader.batches_yielded() == static_cast<int64_t>(loader.size());
   state.num_padding_samples =
       state.end_of_dataloader ? static_cast<int64_t>(loader.num_padding_samples()) : 0;
 }
@@ -279,7 +296,7 @@ std::filesystem::path Accelerator::save_state(
     for (size_t i = 0; i < shared_->loaders.size(); ++i) {
       const auto& loader = *shared_->loaders[i];
       json state = loader.state();
-      // A seed drawn from torch's generator: a resumed run draws its own, maybe another.
+      // The seedable order's seed (torch's initial seed, maybe another in a resumed run).
       if (loader.options().seed) state["seed"] = *loader.options().seed;
       state["sharding"] = kSharding;
       writer.write_text(nth("dataloader", i, ".json"), state.dump());
@@ -373,7 +390,11 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name) {
     try {
       const json state = read_json(name);
       const auto position = state.get<data::DataLoaderState>();
-      shared_->loaders[i]->load_state(position);
+      try {
+        shared_->loaders[i]->load_state(position);
+      } catch (const c10::Error& e) {
+        TORCH_CHECK(false, (dir / name).string(), ": ", e.what_without_backtrace());
+      }
       if (state.contains("seed")) shared_->loaders[i]->set_seed(state.at("seed").get<uint64_t>());
       // Mid-epoch, the batches done stand for other samples when the processes share the data
       // otherwise. A checkpoint that does not record the sharding had DistributedSampler's.

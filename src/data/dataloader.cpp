@@ -32,19 +32,61 @@ void check_rank(size_t num_replicas, size_t rank) {
               num_replicas - 1, "]");
 }
 
+// torch.randperm(n, generator=generator), as indices.
+std::vector<size_t> random_order(size_t n, at::Generator& generator) {
+  const auto perm = at::randperm(static_cast<int64_t>(n), generator, at::kLong);
+  const int64_t* p = perm.data_ptr<int64_t>();
+  return std::vector<size_t>(p, p + n);
+}
+
 // The epoch's order of the samples: torch.randperm(n, generator=torch.Generator().manual_seed(
 // seed + epoch)) shuffled (seeds wrap modulo 2**64 as in Python), else 0, 1, ...
 std::vector<size_t> epoch_order(size_t n, bool shuffle, uint64_t seed, int64_t epoch) {
-  std::vector<size_t> order(n);
-  if (shuffle) {
-    auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(epoch));
-    auto perm = at::randperm(static_cast<int64_t>(n), generator, at::kLong);
-    const int64_t* p = perm.data_ptr<int64_t>();
-    for (size_t i = 0; i < n; ++i) order[i] = static_cast<size_t>(p[i]);
-  } else {
+  if (!shuffle) {
+    std::vector<size_t> order(n);
     for (size_t i = 0; i < n; ++i) order[i] = i;
+    return order;
   }
-  return order;
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(seed + static_cast<uint64_t>(epoch));
+  return random_order(n, generator);
+}
+
+// DistributedSampler's share of `order`: position p of the list padded (by repeating from the
+// start) to num_samples * num_replicas is order[p % n]; this rank takes p = rank + j *
+// num_replicas.
+std::vector<size_t> distributed_share(const std::vector<size_t>& order, size_t num_replicas,
+                                      size_t rank, bool drop_last) {
+  const size_t n = order.size();
+  const size_t num_samples = samples_per_replica(n, num_replicas, drop_last);
+  std::vector<size_t> indices(num_samples);
+  for (size_t j = 0; j < num_samples; ++j) indices[j] = order[(rank + j * num_replicas) % n];
+  return indices;
+}
+
+// BatchSamplerShard's share of `order`: batch j of this rank is positions ((j * num_replicas +
+// rank) * batch_size + i) of the order padded by repeating it from its start.
+std::vector<size_t> batch_shard(const std::vector<size_t>& order, size_t batch_size,
+                                size_t num_replicas, size_t rank, bool drop_last) {
+  if (num_replicas == 1) return order;
+  const size_t n = order.size();
+  const size_t rounds = shard_rounds(n, batch_size, num_replicas, drop_last);
+  std::vector<size_t> indices;
+  indices.reserve(rounds * batch_size);
+  for (size_t j = 0; j < rounds; ++j)
+    for (size_t i = 0; i < batch_size; ++i)
+      indices.push_back(order[((j * num_replicas + rank) * batch_size + i) % n]);
+  return indices;
+}
+
+// torch's RandomSampler, and what Python's DataLoader draws when a pass starts.
+uint64_t draw_from_default_generator() {
+  return static_cast<uint64_t>(at::empty({}, at::kLong).random_().item<int64_t>());
+}
+
+std::vector<uint8_t> state_bytes(at::Generator generator) {
+  std::lock_guard<std::mutex> lock(generator.mutex());
+  const at::Tensor state = generator.get_state();
+  return {state.data_ptr<uint8_t>(), state.data_ptr<uint8_t>() + state.numel()};
 }
 
 }  // namespace
@@ -53,14 +95,8 @@ std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_
                                                 size_t rank, bool shuffle, uint64_t seed,
                                                 int64_t epoch, bool drop_last) {
   check_rank(num_replicas, rank);
-  const size_t n = dataset_size;
-  const auto order = epoch_order(n, shuffle, seed, epoch);
-  // Position p of the list padded (by repeating from the start) to
-  // num_samples * num_replicas is order[p % n]; this rank takes p = rank + j * num_replicas.
-  const size_t num_samples = samples_per_replica(n, num_replicas, drop_last);
-  std::vector<size_t> indices(num_samples);
-  for (size_t j = 0; j < num_samples; ++j) indices[j] = order[(rank + j * num_replicas) % n];
-  return indices;
+  return distributed_share(epoch_order(dataset_size, shuffle, seed, epoch), num_replicas, rank,
+                           drop_last);
 }
 
 std::vector<size_t> batch_sampler_shard_indices(size_t dataset_size, size_t batch_size,
@@ -68,18 +104,8 @@ std::vector<size_t> batch_sampler_shard_indices(size_t dataset_size, size_t batc
                                                 uint64_t seed, int64_t epoch, bool drop_last) {
   check_rank(num_replicas, rank);
   TORCH_CHECK(batch_size > 0, "Invalid batch_size ", batch_size, " (expected > 0)");
-  const size_t n = dataset_size;
-  auto order = epoch_order(n, shuffle, seed, epoch);
-  if (num_replicas == 1) return order;
-  // Batch j of this rank is positions ((j * num_replicas + rank) * batch_size + i) of the
-  // order padded by repeating it from its start: position p is order[p % n].
-  const size_t rounds = shard_rounds(n, batch_size, num_replicas, drop_last);
-  std::vector<size_t> indices;
-  indices.reserve(rounds * batch_size);
-  for (size_t j = 0; j < rounds; ++j)
-    for (size_t i = 0; i < batch_size; ++i)
-      indices.push_back(order[((j * num_replicas + rank) * batch_size + i) % n]);
-  return indices;
+  return batch_shard(epoch_order(dataset_size, shuffle, seed, epoch), batch_size, num_replicas,
+                     rank, drop_last);
 }
 
 // One pass over an epoch: the rank's indices, and the workers reading ahead.
@@ -195,7 +221,11 @@ void DataLoader::Iterator::fetch() {
     return;
   }
   batch_ = run.take();
-  if (current) run.loader->batches_yielded_ = static_cast<int64_t>(run.next);
+  if (!current) return;
+  run.loader->batches_yielded_ = static_cast<int64_t>(run.next);
+  if (run.loader->random_sampler() &&
+      static_cast<int64_t>(run.next) - 1 == run.loader->trailing_draw_after())
+    run.loader->draw_trailing_randperm();
 }
 
 DataLoader::DataLoader(DatasetPtr dataset, DataLoaderOptions options, CollateFn collate_fn)
@@ -210,18 +240,63 @@ DataLoader::DataLoader(DatasetPtr dataset, DataLoaderOptions options, CollateFn 
   TORCH_CHECK(options_.num_workers == 0 || options_.prefetch_factor > 0,
               "DataLoader: invalid prefetch_factor ", options_.prefetch_factor,
               " (expected > 0 with num_workers > 0)");
+  TORCH_CHECK(!options_.generator || options_.shuffle_order == ShuffleOrder::kRandomSampler,
+              "DataLoader: a generator is for shuffle_order = ShuffleOrder::kRandomSampler; "
+              "kSeedPlusEpoch shuffles by its seed");
+  TORCH_CHECK(options_.shuffle_order != ShuffleOrder::kRandomSampler ||
+                  options_.num_replicas == 1 || options_.sharding == Sharding::kBatchSamplerShard,
+              "DataLoader: ShuffleOrder::kRandomSampler with several replicas needs "
+              "Sharding::kBatchSamplerShard");
 }
 
 DataLoader::~DataLoader() = default;
 
-DataLoader::Iterator DataLoader::begin() {
+DataLoader::Iterator DataLoader::begin_from(size_t first_batch) {
+  TORCH_CHECK(first_batch <= size(), "DataLoader: cannot start at batch ", first_batch,
+              " of a pass of ", size());
   ++generation_;
   if (!resume_) batches_yielded_ = 0;
+  const bool resuming = resume_ && batches_yielded_ > 0;
   resume_ = false;
+  batches_yielded_ = std::max(batches_yielded_, static_cast<int64_t>(first_batch));
+  if (!resuming) draw_from_default_generator();  // Python's _BaseDataLoaderIter's _base_seed
+  if (random_sampler()) start_pass(resuming);
   Iterator it;
   it.run_ = std::make_shared<Iterator::Run>(*this, static_cast<size_t>(batches_yielded_));
   it.fetch();
   return it;
+}
+
+// RandomSampler draws the pass's order when the pass starts; a pass resumed mid-way draws the
+// same one again, from the seed or generator state load_state restored.
+void DataLoader::start_pass(bool resuming) {
+  at::Generator generator;
+  if (options_.generator) {
+    generator = *options_.generator;
+    pass_start_state_ = state_bytes(generator);
+  } else {
+    if (!resuming) pass_seed_ = draw_from_default_generator();  // else load_state's
+    generator = at::make_generator<at::CPUGeneratorImpl>(*pass_seed_);
+  }
+  pass_order_ = random_order(dataset_->size(), generator);
+  if (batches_yielded_ > trailing_draw_after()) draw_trailing_randperm();
+}
+
+// RandomSampler's second randperm (of which it yields nothing) is drawn when its first runs
+// out. Accelerate's prepared loaders read a batch ahead, so that happens as the batch before
+// the one that reads past the order is handed out: the last batch, or, when the last batch is
+// short or padded, the one before it; Python's workers read num_workers * prefetch_factor
+// batches further ahead.
+int64_t DataLoader::trailing_draw_after() const {
+  const size_t n = dataset_->size(), round = options_.batch_size * options_.num_replicas;
+  const bool last_reads_the_end = !options_.drop_last && n % round != 0;
+  const auto ahead = static_cast<int64_t>(options_.num_workers * options_.prefetch_factor);
+  return std::max<int64_t>(-1,
+                           static_cast<int64_t>(size()) - 1 - (last_reads_the_end ? 1 : 0) - ahead);
+}
+
+void DataLoader::draw_trailing_randperm() {
+  if (options_.generator) random_order(dataset_->size(), *options_.generator);
 }
 
 void DataLoader::set_epoch(int64_t epoch) {
@@ -232,6 +307,11 @@ void DataLoader::set_epoch(int64_t epoch) {
 
 std::vector<size_t> DataLoader::indices() const {
   const auto& o = options_;
+  if (random_sampler()) {
+    return o.sharding == Sharding::kBatchSamplerShard
+               ? batch_shard(pass_order_, o.batch_size, o.num_replicas, o.rank, o.drop_last)
+               : distributed_share(pass_order_, o.num_replicas, o.rank, o.drop_last);
+  }
   const uint64_t seed = o.seed.value_or(0);
   if (o.sharding == Sharding::kBatchSamplerShard)
     return batch_sampler_shard_indices(dataset_->size(), o.batch_size, o.num_replicas, o.rank,
@@ -272,12 +352,41 @@ size_t DataLoader::num_padding_samples() const {
   return padding;
 }
 
+DataLoaderState DataLoader::state() const {
+  DataLoaderState state{epoch_, batches_yielded_};
+  if (!random_sampler()) return state;
+  const bool mid_pass = batches_yielded_ > 0 && !resume_;
+  if (options_.generator) {
+    state.generator_state = mid_pass ? pass_start_state_ : state_bytes(*options_.generator);
+  } else if (batches_yielded_ > 0) {
+    state.pass_seed = pass_seed_;
+  }
+  return state;
+}
+
 void DataLoader::load_state(const DataLoaderState& state) {
   TORCH_CHECK(state.batches_yielded >= 0 && state.batches_yielded <= static_cast<int64_t>(size()),
               "DataLoader::load_state: batches_yielded ", state.batches_yielded,
               " out of range [0, ", size(), "] (batches per epoch on this rank)");
+  if (random_sampler() && state.batches_yielded > 0) {
+    TORCH_CHECK(
+        options_.generator ? state.generator_state.has_value() : state.pass_seed.has_value(),
+        "DataLoader::load_state: a state mid-pass without the ",
+        options_.generator ? "generator_state" : "pass_seed",
+        " that this loader's shuffle (ShuffleOrder::kRandomSampler) resumes from (a prepared "
+        "loader's checkpoint from before it was recorded resumes with use_seedable_sampler)");
+  }
+  if (random_sampler() && options_.generator && state.generator_state) {
+    const auto& bytes = *state.generator_state;
+    at::Tensor restored = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);
+    std::copy(bytes.begin(), bytes.end(), restored.data_ptr<uint8_t>());
+    at::Generator generator = *options_.generator;
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    generator.set_state(restored);
+  }
   epoch_ = state.epoch;
   batches_yielded_ = state.batches_yielded;
+  pass_seed_ = state.pass_seed;
   resume_ = true;
 }
 

@@ -523,9 +523,9 @@ at::Tensor pass(mixprec::accelerate::PreparedDataLoader& loader) {
   return torch::cat(xs);
 }
 
-// As Accelerate's prepared loaders: without a seed the shuffle follows set_seed, each pass that
-// ends moves to the next epoch's order, a pass left early is not continued by the next one, and
-// after a loop the gradient state is no longer at the end of a loader.
+// As Accelerate's prepared loaders: without a seed the shuffle follows set_seed, each pass
+// has a new order, a pass left early is not continued by the next one, and after a loop the
+// gradient state is no longer at the end of a loader.
 TEST(Accelerator, PreparedLoaderShufflesBySetSeedAndEpoch) {
   const mixprec::data::DataLoaderOptions shuffled{.batch_size = 4, .shuffle = true};
   mixprec::accelerate::set_seed(1);
@@ -562,8 +562,51 @@ TEST(Accelerator, PreparedLoaderShufflesBySetSeedAndEpoch) {
   EXPECT_TRUE(torch::equal(pass(seeded), torch::cat(plain_pass)));
 }
 
-// The seed a shuffled loader drew is saved with the state: a resumed run whose generator drew
-// another one still gets the rest of the saved epoch.
+// Accelerate's default prepared loader (RandomSampler) in one process: the reference cases'
+// orders and draws from torch's generator, pass after pass. (Several processes: the
+// two-process tests.)
+TEST(Accelerator, PreparedLoaderShufflesAsAcceleratesDefault) {
+  const auto cases = mixprec::testing::load_reference("data_loader_order.json");
+  int64_t checked = 0;
+  for (const auto& c : cases["accelerate_random_sampler"]) {
+    if (c["num_replicas"] != 1) continue;
+    SCOPED_TRACE(c.dump().substr(0, 120));
+    mixprec::accelerate::set_seed(c["seed"].get<uint64_t>());
+    Accelerator accelerator;
+    auto loader =
+        accelerator.prepare_data_loader(numbers(c["n"]), {.batch_size = c["batch_size"],
+                                                          .shuffle = c["shuffle"],
+                                                          .drop_last = c["drop_last"],
+                                                          .num_workers = c["num_workers"]});
+    const auto got = mixprec::testing::random_sampler_passes(loader, "x");
+    EXPECT_EQ(got["passes"], c["ranks"][0]["passes"]);
+    EXPECT_EQ(got["draws"], c["ranks"][0]["draws"]);
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
+}
+
+// use_seedable_sampler: randperm(seed + epoch), the seed being data_seed or torch's initial seed.
+TEST(Accelerator, SeedableSamplerShufflesBySeedPlusEpoch) {
+  const mixprec::data::DataLoaderOptions shuffled{.batch_size = 4, .shuffle = true};
+  for (const std::optional<uint64_t> data_seed :
+       {std::optional<uint64_t>(), std::optional<uint64_t>(11)}) {
+    mixprec::accelerate::set_seed(3);
+    Accelerator accelerator({.use_seedable_sampler = true, .data_seed = data_seed});
+    auto loader = accelerator.prepare_data_loader(numbers(10), shuffled);
+    for (int64_t epoch = 0; epoch < 2; ++epoch) {
+      const auto order = mixprec::data::batch_sampler_shard_indices(
+          10, 4, 1, 0, true, data_seed.value_or(3), epoch, false);
+      const auto got = pass(loader);
+      EXPECT_EQ(
+          std::vector<int64_t>(got.data_ptr<int64_t>(), got.data_ptr<int64_t>() + got.numel()),
+          std::vector<int64_t>(order.begin(), order.end()));
+    }
+  }
+}
+
+// The seed a shuffled pass drew is saved with the state: a resumed run whose generator would
+// draw another one still gets the rest of the saved pass.
 TEST(Accelerator, PreparedLoaderResumesItsDrawnShuffle) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("mixprec_seed_" + std::to_string(getpid()));

@@ -2,6 +2,7 @@
 
 #include "data/test_util.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -88,6 +89,89 @@ TEST(DataLoader, BatchSamplerShardEqualsAcceleratesPreparedLoader) {
     EXPECT_EQ(kept.size(), static_cast<size_t>(n));
     for (int64_t i = 0; i < n; ++i) EXPECT_EQ(kept.count(i), 1u) << i;
   }
+}
+
+// ShuffleOrder::kRandomSampler: each rank as Accelerate's default prepared loader in its own
+// process: a new order each pass (from torch's generator with one process; from a generator
+// seeded at prepare with several), and torch's generator drawn as Python's DataLoader draws it.
+TEST(DataLoader, RandomSamplerEqualsAcceleratesDefaultOverPasses) {
+  ASSERT_FALSE(reference()["accelerate_random_sampler"].empty());
+  for (const auto& c : reference()["accelerate_random_sampler"]) {
+    const auto num_replicas = c["num_replicas"].get<size_t>();
+    for (size_t rank = 0; rank < num_replicas; ++rank) {
+      SCOPED_TRACE(c.dump().substr(0, 120) + " rank " + std::to_string(rank));
+      torch::manual_seed(c["seed"].get<uint64_t>());
+      std::optional<at::Generator> generator;
+      if (num_replicas > 1 && c["shuffle"])  // as Accelerator::prepare_data_loader seeds it
+        generator = at::make_generator<at::CPUGeneratorImpl>(
+            at::empty({}, at::kLong).random_().item<int64_t>());
+      DataLoader loader(range_dataset(c["n"]), {.batch_size = c["batch_size"],
+                                                .shuffle = c["shuffle"],
+                                                .drop_last = c["drop_last"],
+                                                .num_workers = c["num_workers"],
+                                                .num_replicas = num_replicas,
+                                                .rank = rank,
+                                                .sharding = Sharding::kBatchSamplerShard,
+                                                .shuffle_order = ShuffleOrder::kRandomSampler,
+                                                .generator = generator});
+      const auto got = mixprec::testing::random_sampler_passes(loader, "index");
+      EXPECT_EQ(got["passes"], c["ranks"][rank]["passes"]);
+      EXPECT_EQ(got["draws"], c["ranks"][rank]["draws"]);
+    }
+  }
+}
+
+// A pass stopped mid-way resumes from its state with the same order and the same generator
+// afterwards, with or without a generator, and between passes the generator's state is kept.
+TEST(DataLoader, RandomSamplerResumesMidPass) {
+  for (const bool with_generator : {false, true}) {
+    SCOPED_TRACE(with_generator ? "generator" : "torch's generator");
+    auto make = [&] {
+      return DataLoaderOptions{
+          .batch_size = 3,
+          .shuffle = true,
+          .shuffle_order = ShuffleOrder::kRandomSampler,
+          .generator = with_generator ? std::optional(at::make_generator<at::CPUGeneratorImpl>(5))
+                                      : std::nullopt};
+    };
+    torch::manual_seed(1);
+    DataLoader loader(range_dataset(10), make());
+    const auto first = pass(loader);
+    DataLoaderState state;
+    std::vector<std::vector<int64_t>> whole;
+    for (const Batch& batch : loader) {
+      const auto& index = batch.at("index");
+      whole.emplace_back(index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
+      if (whole.size() == 2) state = loader.state();
+    }
+    const auto rng = at::detail::getDefaultCPUGenerator().get_state();
+    const auto after = pass(loader);
+    EXPECT_NE(whole, first);
+    EXPECT_EQ(state.batches_yielded, 2);
+    EXPECT_EQ(state.pass_seed.has_value(), !with_generator);
+    EXPECT_EQ(state.generator_state.has_value(), with_generator);
+
+    // Through JSON, as a checkpoint keeps it.
+    const auto restored = nlohmann::json(state).get<DataLoaderState>();
+    EXPECT_EQ(restored, state);
+    torch::manual_seed(2);  // another stream: the resumed pass must not depend on it
+    DataLoader resumed(range_dataset(10), make());
+    resumed.load_state(restored);
+    const auto rest = pass(resumed);
+    EXPECT_EQ(rest, std::vector(whole.begin() + 2, whole.end()));
+    at::Generator default_generator = at::detail::getDefaultCPUGenerator();
+    default_generator.set_state(rng);
+    EXPECT_EQ(pass(resumed), after);
+  }
+  DataLoader no_seed(
+      range_dataset(10),
+      {.batch_size = 3, .shuffle = true, .shuffle_order = ShuffleOrder::kRandomSampler});
+  EXPECT_TRUE(has(error_of([&] { no_seed.load_state({0, 2}); }), "without the pass_seed"));
+  EXPECT_TRUE(has(error_of([&] {
+                    DataLoader(range_dataset(10),
+                               {.generator = at::make_generator<at::CPUGeneratorImpl>(1)});
+                  }),
+                  "a generator is for shuffle_order = ShuffleOrder::kRandomSampler"));
 }
 
 TEST(DataLoader, TwoReplicasCoverEveryIndexOncePlusPadding) {

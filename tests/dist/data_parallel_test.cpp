@@ -178,7 +178,7 @@ TEST_F(DataParallel, PreparedLoaderShardsAndGatherForMetricsDropsThePadding) {
 }
 
 // Without a seed, a shuffled prepared loader takes the main process's draw: the ranks' shards
-// stay disjoint though their generators differ, and each pass is the next epoch's order.
+// stay disjoint though their generators differ, and each pass has a new order.
 TEST_F(DataParallel, PreparedShuffleTakesTheMainProcessSeed) {
   torch::manual_seed(100 + static_cast<uint64_t>(accelerator.process_index()));
   auto data = std::make_shared<mixprec::data::TensorDataset>(
@@ -193,6 +193,33 @@ TEST_F(DataParallel, PreparedShuffleTakesTheMainProcessSeed) {
   EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(first)), torch::arange(16)));
   EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(second)), torch::arange(16)));
   EXPECT_FALSE(torch::equal(first, second));
+}
+
+// Accelerate's default prepared loader on two processes: each rank's batches, pass after pass,
+// and what torch's generator draws between passes, are those of Accelerate's rank.
+TEST_F(DataParallel, PreparedShuffleEqualsAcceleratesDefaultOverPasses) {
+  const auto cases = mixprec::testing::load_reference("data_loader_order.json");
+  const auto rank = static_cast<size_t>(accelerator.process_index());
+  int64_t checked = 0;
+  for (const auto& c : cases["accelerate_random_sampler"]) {
+    if (c["num_replicas"] != 2) continue;
+    SCOPED_TRACE(c.dump().substr(0, 120));
+    const bool split = c["split_batches"];
+    mixprec::accelerate::set_seed(c["seed"].get<uint64_t>());
+    Accelerator prepared({.split_batches = split});
+    auto data = std::make_shared<mixprec::data::TensorDataset>(
+        std::map<std::string, at::Tensor>{{"x", torch::arange(c["n"].get<int64_t>())}});
+    auto loader = prepared.prepare_data_loader(
+        data, {.batch_size = c["batch_size"].get<size_t>() * (split ? 2 : 1),
+               .shuffle = c["shuffle"],
+               .drop_last = c["drop_last"],
+               .num_workers = c["num_workers"]});
+    const auto got = mixprec::testing::random_sampler_passes(loader, "x");
+    EXPECT_EQ(got["passes"], c["ranks"][rank]["passes"]);
+    EXPECT_EQ(got["draws"], c["ranks"][rank]["draws"]);
+    ++checked;
+  }
+  EXPECT_GE(checked, 4);
 }
 
 // split_batches: batch_size is the batch of all processes; step k sees batch k of the
@@ -571,7 +598,9 @@ TEST_F(DataParallel, AFailedWriteOnTheMainProcessIsAnErrorOnEveryProcess) {
       error = e.what();
     }
     EXPECT_NE(error, "<no error>");
-    if (rank != 0) EXPECT_NE(error.find("the main process failed: "), std::string::npos) << error;
+    if (rank != 0) {
+      EXPECT_NE(error.find("the main process failed: "), std::string::npos) << error;
+    }
     // The processes are still in step.
     EXPECT_EQ(accelerator.gather(torch::ones({1})).size(0), 2);
   };

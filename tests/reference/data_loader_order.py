@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Reference batch orders of torch.utils.data.DataLoader with a DistributedSampler, of
-HF Accelerate's prepared data loaders (BatchSamplerShard), and the indices of
+HF Accelerate's prepared data loaders (BatchSamplerShard; with its default RandomSampler over
+several passes, and what torch's generator draws between them), and the indices of
 torch.utils.data.random_split, for tests/data/dataloader_test.cpp.
 
 Each case is one rank of one epoch: the indices of every batch, in order. The
@@ -57,6 +58,25 @@ ACCELERATE_CASES = [
     for split in (False, True)
 ]
 
+RANDOM_SAMPLER_CASES = [
+    # n, batch_size (per process), shuffle, drop_last, num_processes, split_batches, seed,
+    # num_workers: Accelerate's default (use_seedable_sampler=False), over several passes, some
+    # left early
+    (10, 3, True, False, 1, False, 0),  # a short last batch
+    (12, 3, True, False, 1, False, 1),
+    (10, 3, True, True, 1, False, 2),
+    (10, 3, False, False, 1, False, 3),
+    (9, 2, True, False, 2, False, 4),  # a padded last round
+    (8, 2, True, False, 2, False, 5),
+    (9, 2, True, True, 2, False, 6),
+    (23, 4, True, False, 3, False, 7),
+    (10, 2, True, False, 2, True, 8),
+    (3, 2, True, False, 2, False, 9),  # one batch, padded
+    (16, 2, True, False, 2, False, 10, 2),  # workers read ahead
+    (26, 2, True, False, 2, False, 11, 1),
+    (14, 3, True, False, 1, False, 12, 1),
+]
+
 SPLIT_CASES = [
     # n, lengths, seed
     (10, [3, 7], 0),
@@ -97,6 +117,39 @@ def accelerate_case(n, batch_size, shuffle, seed, epoch, drop_last, num_processe
             "batches_per_rank": ranks}
 
 
+def random_sampler_case(n, batch_size, shuffle, drop_last, num_processes, split, seed,
+                        num_workers=0):
+    """Each rank as its own process would run it: torch.manual_seed(seed), prepare, then passes
+    of `takes` batches (None: the whole pass), each followed by a draw from torch's generator
+    (what a training step's dropout would draw)."""
+    accelerate.Accelerator(cpu=True)  # the state that synchronizing the generator reads
+    ranks = []
+    for rank in range(num_processes):
+        torch.manual_seed(seed)
+        loader = DataLoader(list(range(n)), batch_size=batch_size * (num_processes if split else 1),
+                            shuffle=shuffle, drop_last=drop_last, num_workers=num_workers)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            prepared = prepare_data_loader(loader, num_processes=num_processes, process_index=rank,
+                                           split_batches=split, put_on_device=False,
+                                           rng_types=["generator"], use_seedable_sampler=False)
+        size = len(prepared)
+        takes = [None, 1, max(size - 1, 1), size, None, None]
+        passes, draws = [], []
+        for take in takes:
+            batches = []
+            for batch in prepared:
+                batches.append(batch.tolist())
+                if take is not None and len(batches) == take:
+                    break
+            passes.append(batches)
+            draws.append(torch.randint(0, 2**62, (1,)).item())
+        ranks.append({"passes": passes, "draws": draws})
+    return {"n": n, "batch_size": batch_size, "shuffle": shuffle, "drop_last": drop_last,
+            "num_replicas": num_processes, "split_batches": split, "seed": seed,
+            "num_workers": num_workers, "ranks": ranks}
+
+
 def split_case(n, lengths, seed):
     parts = random_split(list(range(n)), lengths, generator=torch.Generator().manual_seed(seed))
     return {"n": n, "lengths": lengths, "seed": seed, "indices": [list(p.indices) for p in parts]}
@@ -109,6 +162,7 @@ def main():
     out = {"torch": torch.__version__.split("+")[0], "accelerate": accelerate.__version__,
            "loader": [loader_case(*c) for c in LOADER_CASES],
            "accelerate_loader": [accelerate_case(*c) for c in ACCELERATE_CASES],
+           "accelerate_random_sampler": [random_sampler_case(*c) for c in RANDOM_SAMPLER_CASES],
            "random_split": [split_case(*c) for c in SPLIT_CASES]}
     text = json.dumps(out, indent=1, sort_keys=True) + "\n"
     if not args.check:

@@ -58,6 +58,13 @@ struct AcceleratorOptions {
   /// loader's batch_size is the batch of all processes together (each gets
   /// batch_size / num_processes), and the scheduler steps once.
   bool split_batches = false;
+  /// How a shuffled prepared loader without a seed orders each pass (Accelerate's
+  /// DataLoaderConfiguration). false, Accelerate's default: torch's RandomSampler, a new
+  /// random order each pass (ShuffleOrder::kRandomSampler; in data parallel from a generator
+  /// seeded at prepare from torch's). true: randperm(seed + epoch), seed = data_seed or torch's
+  /// initial seed (SeedableRandomSampler; the HF Trainer's default).
+  bool use_seedable_sampler = false;
+  std::optional<uint64_t> data_seed = std::nullopt;
   /// Data parallel (under torchrun): DDP's bucket size and the dtype gradients
   /// are all-reduced in (`{.compression = dist::GradientCompression::kBf16}`).
   dist::GradientReducerOptions ddp = {};
@@ -231,10 +238,10 @@ class AcceleratedScheduler {
 /// data, batches on the accelerator's device, and the gradient state kept up
 /// to date (end_of_dataloader on the last batch, which also ends an
 /// accumulation window, and its padding for gather_for_metrics). As in
-/// Accelerate, each pass that runs to its end moves to the next epoch (and
-/// shuffle order) by itself; set_epoch() sets it. Its position is saved and
-/// restored with the accelerator's state. `Accelerator::skip_first_batches`
-/// gives a view of it that starts each pass further in.
+/// Accelerate, each pass that runs to its end moves to the next epoch (and,
+/// with use_seedable_sampler, shuffle order) by itself; set_epoch() sets it. Its position is saved
+/// and restored with the accelerator's state. `Accelerator::skip_first_batches` gives a view of it
+/// that starts each pass further in.
 class PreparedDataLoader {
  public:
   PreparedDataLoader(std::shared_ptr<data::DataLoader> loader,
@@ -314,11 +321,9 @@ class Accelerator {
   /// Accelerate's prepare(dataloader): a DataLoader of `dataset` with this
   /// process's rank and the number of processes filled into `options` (and,
   /// with split_batches, batch_size divided among the processes), sharded as
-  /// Accelerate's BatchSamplerShard. A shuffled loader without a seed takes one
-  /// from torch's generator (main process's, so set_seed decides the order), and
-  /// each epoch's order is randperm(seed + epoch): Accelerate's with
-  /// use_seedable_sampler (the HF Trainer's default). Accelerate's own default
-  /// draws each epoch's order from one generator instead: another random order.
+  /// Accelerate's BatchSamplerShard. A shuffled loader without a seed or generator
+  /// shuffles as Accelerate's (use_seedable_sampler above): the same orders, for the same
+  /// torch seed, as Python's.
   PreparedDataLoader prepare_data_loader(data::DatasetPtr dataset,
                                          data::DataLoaderOptions options = {},
                                          data::CollateFn collate = {});

@@ -3,8 +3,10 @@
 #include "mixprec/data/collate.h"
 #include "mixprec/data/dataset.h"
 
+#include <ATen/core/Generator.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <iterator>
@@ -28,6 +30,19 @@ enum class Sharding {
   kBatchSamplerShard,
 };
 
+/// Where a shuffled DataLoader's order comes from.
+enum class ShuffleOrder {
+  /// randperm(seed + epoch): torch's DistributedSampler, and Accelerate's SeedableRandomSampler
+  /// (use_seedable_sampler, the HF Trainer's default).
+  kSeedPlusEpoch,
+  /// torch's RandomSampler: each pass draws a new order, from `generator`, continuing it (two
+  /// randperms a whole pass, as RandomSampler's), or, without one, from a generator seeded by a
+  /// draw from torch's default generator when the pass starts. The epoch number plays no part.
+  /// Accelerate's prepared loaders without use_seedable_sampler (its default) shuffle so. With
+  /// several replicas, only with Sharding::kBatchSamplerShard (torch has no other).
+  kRandomSampler,
+};
+
 /// Options of `DataLoader`. The defaults are `torch.utils.data.DataLoader`'s
 /// (batch_size 8 as HF's TrainingArguments) with a `DistributedSampler` of
 /// `num_replicas` ranks.
@@ -48,6 +63,11 @@ struct DataLoaderOptions {
   size_t num_replicas = 1;
   size_t rank = 0;
   Sharding sharding = Sharding::kDistributedSampler;
+  ShuffleOrder shuffle_order = ShuffleOrder::kSeedPlusEpoch;
+  /// kRandomSampler's generator: torch's `RandomSampler(dataset, generator=...)`, shared as a
+  /// torch.Generator. (torch's DataLoader(generator=g) would also draw its base seed from g; this
+  /// loader always draws that from torch's default generator.)
+  std::optional<at::Generator> generator = std::nullopt;
 };
 
 /// Where a DataLoader stands: the epoch, and how many batches of it were
@@ -56,13 +76,21 @@ struct DataLoaderOptions {
 struct DataLoaderState {
   int64_t epoch = 0;
   int64_t batches_yielded = 0;
+  /// ShuffleOrder::kRandomSampler without a generator: the seed of the pass stopped mid-way.
+  std::optional<uint64_t> pass_seed = std::nullopt;
+  /// ShuffleOrder::kRandomSampler with a generator: its state when the pass stopped mid-way
+  /// began, or, between passes, its state now.
+  std::optional<std::vector<uint8_t>> generator_state = std::nullopt;
   bool operator==(const DataLoaderState&) const = default;
 };
 
-/// nlohmann::json hooks (found by ADL): {"epoch": 0, "batches_yielded": 0}.
+/// nlohmann::json hooks (found by ADL): {"epoch": 0, "batches_yielded": 0}, and "pass_seed"
+/// and "generator_state" (an array of bytes) when set.
 template <typename Json>
 void to_json(Json& j, const DataLoaderState& state) {
   j = Json{{"epoch", state.epoch}, {"batches_yielded", state.batches_yielded}};
+  if (state.pass_seed) j["pass_seed"] = *state.pass_seed;
+  if (state.generator_state) j["generator_state"] = *state.generator_state;
 }
 template <typename Json>
 void from_json(const Json& j, DataLoaderState& state) {
@@ -72,6 +100,20 @@ void from_json(const Json& j, DataLoaderState& state) {
   }
   state.epoch = j.at("epoch").template get<int64_t>();
   state.batches_yielded = j.at("batches_yielded").template get<int64_t>();
+  if (j.contains("pass_seed")) {
+    TORCH_CHECK(j.at("pass_seed").is_number_unsigned(),
+                "DataLoaderState: expected an integer >= 0 'pass_seed', got ",
+                j.at("pass_seed").dump());
+    state.pass_seed = j.at("pass_seed").template get<uint64_t>();
+  }
+  if (j.contains("generator_state")) {
+    const auto& bytes = j.at("generator_state");
+    TORCH_CHECK(bytes.is_array() &&
+                    std::all_of(bytes.begin(), bytes.end(),
+                                [](const auto& b) { return b.is_number_unsigned() && b <= 255; }),
+                "DataLoaderState: expected 'generator_state' to be an array of bytes");
+    state.generator_state = bytes.template get<std::vector<uint8_t>>();
+  }
 }
 
 /// The indices one rank reads in one epoch, in order: exactly
@@ -92,7 +134,10 @@ std::vector<size_t> batch_sampler_shard_indices(size_t dataset_size, size_t batc
                                                 uint64_t seed, int64_t epoch, bool drop_last);
 
 /// Batches of a Dataset, the twin of `torch.utils.data.DataLoader` with a
-/// `DistributedSampler` (one replica by default).
+/// `DistributedSampler` (one replica by default), or, with ShuffleOrder::kRandomSampler, a
+/// `RandomSampler`. As torch's, each pass draws a number from torch's default generator when it
+/// starts (torch's workers' base seed), so that what follows draws what it would in Python; a
+/// pass resumed mid-way by load_state does not (its draws were made before the state was saved).
 ///
 /// ```
 /// DataLoader loader(train, {.batch_size = 32, .shuffle = true, .num_workers = 2});
@@ -139,10 +184,13 @@ class DataLoader {
   };
 
   /// Starts the current epoch at its first batch, or at the position load_state set.
-  Iterator begin();
+  Iterator begin() { return begin_from(0); }
+  /// begin(), skipping the first `first_batch` batches of the pass (Accelerate's
+  /// skip_first_batches: they are not read). A position load_state set further in wins.
+  Iterator begin_from(size_t first_batch);
   Iterator end() { return {}; }
 
-  /// Selects the shuffle order (seed + epoch). Another epoch starts at its
+  /// Selects the epoch (kSeedPlusEpoch's order: seed + epoch). Another epoch starts at its
   /// first batch; the current one keeps its position.
   void set_epoch(int64_t epoch);
   int64_t epoch() const { return epoch_; }
@@ -157,12 +205,11 @@ class DataLoader {
 
   /// Batches handed out in the current epoch so far. When an iteration ends the
   /// position goes back to the start of the epoch.
-  DataLoaderState state() const { return {epoch_, batches_yielded_}; }
+  DataLoaderState state() const;
+  int64_t batches_yielded() const { return batches_yielded_; }
   /// The next `begin()` yields the batches of `state.epoch` after the first
   /// `state.batches_yielded`.
   void load_state(const DataLoaderState& state);
-  /// Whether load_state set where the next begin() starts.
-  bool resume_pending() const { return resume_; }
 
   const DataLoaderOptions& options() const { return options_; }
   /// Sets options().seed (a resumed run takes its saved one).
@@ -172,6 +219,13 @@ class DataLoader {
  private:
   std::vector<size_t> indices() const;  // this rank's, for the current epoch
   bool shards_batches() const;
+  bool random_sampler() const {
+    return options_.shuffle && options_.shuffle_order == ShuffleOrder::kRandomSampler;
+  }
+  void start_pass(bool resuming);
+  // After which batch a whole pass draws RandomSampler's second randperm (-1: before the first).
+  int64_t trailing_draw_after() const;
+  void draw_trailing_randperm();
   DatasetPtr dataset_;
   DataLoaderOptions options_;
   CollateFn collate_fn_;  // empty: collate(), or the dataset's get_batch()
@@ -179,6 +233,10 @@ class DataLoader {
   int64_t batches_yielded_ = 0;
   bool resume_ = false;      // set by load_state: the next begin() starts at batches_yielded_
   uint64_t generation_ = 0;  // bumped by begin(): an abandoned iterator stops counting
+  // kRandomSampler: the current pass's order, and what it was drawn from.
+  std::vector<size_t> pass_order_;
+  std::optional<uint64_t> pass_seed_;
+  std::vector<uint8_t> pass_start_state_;
 };
 
 }  // namespace mixprec::data
