@@ -229,6 +229,19 @@ std::string nth(const std::string& stem, size_t n, const std::string& extension)
 
 }  // namespace
 
+namespace {
+
+// Deleting an old checkpoint may fail (a file held open elsewhere): a warning, not an error,
+// so that the new checkpoint counts as saved everywhere.
+void remove_old_checkpoint(const std::filesystem::path& dir) {
+  std::error_code error;
+  std::filesystem::remove_all(dir, error);
+  if (error)
+    TORCH_WARN("could not delete the old checkpoint ", dir.string(), ": ", error.message());
+}
+
+}  // namespace
+
 // Automatically named checkpoints: checkpoint_0, checkpoint_1, ... as Accelerate names them.
 constexpr const char* kCheckpointPrefix = "checkpoint_";
 // How prepared loaders share the data among the processes, as dataloader_N.json records it.
@@ -299,6 +312,7 @@ std::filesystem::path Accelerator::save_state(
       // The seedable order's seed (torch's initial seed, maybe another in a resumed run).
       if (loader.options().seed) state["seed"] = *loader.options().seed;
       state["sharding"] = kSharding;
+      state["batch_size"] = loader.options().batch_size;
       writer.write_text(nth("dataloader", i, ".json"), state.dump());
     }
     writer.write_text("accelerator.json",
@@ -315,7 +329,7 @@ std::filesystem::path Accelerator::save_state(
       std::erase_if(saved,
                     [&](const auto& old) { return std::filesystem::equivalent(old.second, dir); });
       for (size_t i = 0; i + static_cast<size_t>(*project.total_limit) < saved.size() + 1; ++i)
-        std::filesystem::remove_all(saved[i].second);
+        remove_old_checkpoint(saved[i].second);
     }
   });
   ++project.iteration;
@@ -379,8 +393,14 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name) {
     }
     shared_->scaler->load_state_dict(values);
   }
+  // A run with more processes than the one saved finds no file for the new ones: Accelerate
+  // skips it with a message (an error on those processes alone would leave the others waiting).
   const auto rng_file = dir / ("random_states_" + std::to_string(process_index()) + ".safetensors");
-  io::load_rng_state(io::load_safetensors(rng_file), rng_file.string());
+  if (std::filesystem::exists(rng_file))
+    io::load_rng_state(io::load_safetensors(rng_file), rng_file.string());
+  else
+    TORCH_WARN("Accelerator::load_state: no ", rng_file.string(),
+               " (saved with fewer processes); this process's random generators are not restored");
   for (size_t i = 0; i < shared_->custom_objects.size(); ++i)
     shared_->custom_objects[i]->load_state_dict(
         io::read_file(dir / nth("custom_checkpoint", i, ".json")));
@@ -396,17 +416,24 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name) {
         TORCH_CHECK(false, (dir / name).string(), ": ", e.what_without_backtrace());
       }
       if (state.contains("seed")) shared_->loaders[i]->set_seed(state.at("seed").get<uint64_t>());
-      // Mid-epoch, the batches done stand for other samples when the processes share the data
-      // otherwise. A checkpoint that does not record the sharding had DistributedSampler's.
+      // Mid-epoch, the batches done stand for other samples when the processes together took
+      // another batch, or shared the data otherwise. (split_batches keeps the batch of all.)
+      // A checkpoint that does not record the sharding had DistributedSampler's.
+      const auto& loader = *shared_->loaders[i];
+      const auto batch_size = static_cast<int64_t>(loader.options().batch_size);
       const int64_t saved_processes =
           accelerator_state.is_object() ? accelerator_state.value("num_processes", num_processes())
                                         : num_processes();
+      const int64_t saved_batch_size = state.value("batch_size", batch_size);
       const auto saved_sharding = state.value("sharding", std::string("distributed_sampler"));
-      if (position.batches_yielded > 0 && (saved_processes != num_processes() ||
-                                           (num_processes() > 1 && saved_sharding != kSharding)))
-        TORCH_WARN("Accelerator::load_state: ", (dir / name).string(), " stopped mid-epoch with ",
-                   saved_processes, " processes sharding as ", saved_sharding, "; this run has ",
-                   num_processes(), " sharding as ", kSharding,
+      if (position.batches_yielded > 0 &&
+          (saved_batch_size * saved_processes != batch_size * num_processes() ||
+           (std::max(saved_processes, num_processes()) > 1 && saved_sharding != kSharding)))
+        TORCH_WARN("Accelerator::load_state: ", (dir / name).string(),
+                   " stopped mid-epoch with batches of ", saved_batch_size, " on each of ",
+                   saved_processes, " process(es), sharded as ", saved_sharding,
+                   "; this run has batches of ", batch_size, " on each of ", num_processes(),
+                   ", sharded as ", kSharding,
                    ", so the rest of the epoch can repeat or skip samples");
     } catch (const json::exception& e) {
       TORCH_CHECK(false, (dir / name).string(), ": ", e.what());
@@ -438,10 +465,16 @@ void Accelerator::main_process_writes(const char* what, const std::function<void
   if (is_main_process()) {
     try {
       write();
+    } catch (const c10::Error& e) {
+      failure = std::current_exception();
+      message = e.what_without_backtrace();
     } catch (const std::exception& e) {
       failure = std::current_exception();
-      message = *e.what() ? e.what() : "an error without a message";
+      message = e.what();
+    } catch (...) {
+      failure = std::current_exception();
     }
+    if (failure && message.empty()) message = "an error without a message";
   }
   if (shared_->group)
     message =

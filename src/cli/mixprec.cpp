@@ -185,6 +185,7 @@ int run_train(Command& c) {
   if (job.eval_samples > 0)
     for (const auto& [key, value] : trainer->evaluate()) results[key] = value;
   job.complete_metrics(results);
+  fs::create_directories(args.output_dir);  // with save_strategy "no", nothing made it yet
   job.save(args.output_dir);
   write_results(args.output_dir, results);
   std::printf("mixprec train: model and all_results.json in %s\n", args.output_dir.c_str());

@@ -35,6 +35,13 @@ bool same_folder(const fs::path& a, const fs::path& b) {
   return fs::equivalent(a, b, error);
 }
 
+// As HF's rotation (shutil.rmtree with ignore_errors): a checkpoint that will not go is left.
+void remove_checkpoint(const fs::path& dir) {
+  std::error_code error;
+  fs::remove_all(dir, error);
+  if (error) TORCH_WARN("Trainer: could not delete ", dir.string(), ": ", error.message());
+}
+
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -492,8 +499,14 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_end(a, s, c); });
         maybe_log_save_evaluate();
-        if (stop_signal != 0) {
-          stopped_by = stop_signal;
+        // A signal reaches the processes at different steps: they stop together at the first
+        // step any saw one (else one would save while another trains, and collectives mismatch).
+        int signal = stop_signal;
+        if (acc.num_processes() > 1 &&
+            acc.reduce(at::full({1}, signal, at::kInt), "sum").item<int>() != 0 && signal == 0)
+          signal = SIGTERM;
+        if (signal != 0) {
+          stopped_by = signal;
           const auto dir =
               fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step));
           if (!fs::exists(dir)) save_checkpoint();
@@ -561,7 +574,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   if (args_.save_total_limit == 1 && state_.best_model_checkpoint && !stopped_by &&
       acc.is_main_process())
     for (const auto& [step, dir] : io::checkpoints(args_.output_dir))
-      if (!same_folder(dir, *state_.best_model_checkpoint)) fs::remove_all(dir);
+      if (!same_folder(dir, *state_.best_model_checkpoint)) remove_checkpoint(dir);
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_end(a, s, c); });
   acc.end_training();
   impl.trackers_open = false;
@@ -597,7 +610,7 @@ void Trainer::rotate_checkpoints(int64_t limit) const {
   for (const auto& [step, dir] : checkpoints) {
     if (left <= keep) break;
     if (kept(dir)) continue;
-    fs::remove_all(dir);
+    remove_checkpoint(dir);
     --left;
   }
 }

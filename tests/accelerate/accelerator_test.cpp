@@ -509,8 +509,9 @@ TEST(Accelerator, PreparedDataLoaderEndsAccumulationAndResumesFromAState) {
     accelerator.load_state(dir.string());  // its own: no warning
   }
   ASSERT_EQ(capture.messages.size(), 1u);
-  EXPECT_NE(capture.messages[0].find("dataloader.json stopped mid-epoch with 2 processes sharding "
-                                     "as batch_sampler_shard; this run has 1"),
+  EXPECT_NE(capture.messages[0].find("dataloader.json stopped mid-epoch with batches of 4 on each "
+                                     "of 2 process(es), sharded as batch_sampler_shard; this run "
+                                     "has batches of 4 on each of 1,"),
             std::string::npos)
       << capture.messages[0];
   std::filesystem::remove_all(dir);

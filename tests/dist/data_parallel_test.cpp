@@ -17,6 +17,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -596,6 +597,8 @@ TEST_F(DataParallel, AFailedWriteOnTheMainProcessIsAnErrorOnEveryProcess) {
       save();
     } catch (const std::exception& e) {  // on the main process, std::filesystem's own
       error = e.what();
+    } catch (...) {  // on the main process, what the object below throws
+      error = "not a std::exception";
     }
     EXPECT_NE(error, "<no error>");
     if (rank != 0) {
@@ -606,8 +609,88 @@ TEST_F(DataParallel, AFailedWriteOnTheMainProcessIsAnErrorOnEveryProcess) {
   };
   expect_failure_everywhere([&] { accelerator.save_model(*net, dir.string()); });
   expect_failure_everywhere([&] { accelerator.save_state((dir / "a_file" / "ckpt").string()); });
+  struct ThrowsOnSave : mixprec::accelerate::Checkpointable {
+    std::string state_dict() const override { throw 42; }
+    void load_state_dict(const std::string&) override {}
+  } throws;
+  Accelerator with_object;
+  with_object.register_for_checkpointing(throws);
+  expect_failure_everywhere([&] { with_object.save_state((dir / "ckpt").string()); });
   accelerator.wait_for_everyone();
   if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// A state saved by fewer processes has no random-state file for the others: they warn and go
+// on, as Accelerate's (an error on them alone would leave the main process waiting).
+TEST_F(DataParallel, AStateFromFewerProcessesLoadsWithAWarning) {
+  const int64_t rank = accelerator.process_index();
+  const auto main_pid = accelerator.gather(torch::tensor({static_cast<int64_t>(getpid())}))[0];
+  const auto dir = std::filesystem::temp_directory_path() /
+                   ("mixprec_dp_fewer_" + std::to_string(main_pid.item<int64_t>()));
+  accelerator.save_state((dir / "two").string());
+  if (rank == 0) {  // the same state without rank 1's file, as one process would have saved it
+    mixprec::io::CheckpointWriter writer(dir / "one");
+    for (const auto& entry : std::filesystem::directory_iterator(dir / "two")) {
+      const auto name = entry.path().filename().string();
+      if (name != "checksums.json" && name != "random_states_1.safetensors")
+        writer.write_text(name, mixprec::io::read_file(entry.path()));
+    }
+    writer.commit();
+  }
+  accelerator.wait_for_everyone();
+  struct Capture : c10::WarningHandler {
+    std::vector<std::string> messages;
+    void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  } capture;
+  {
+    c10::WarningUtils::WarningHandlerGuard guard(&capture);
+    accelerator.load_state((dir / "one").string());
+  }
+  if (rank == 0) {
+    EXPECT_TRUE(capture.messages.empty());
+  } else {
+    ASSERT_EQ(capture.messages.size(), 1u);
+    EXPECT_NE(capture.messages[0].find("random_states_1.safetensors (saved with fewer processes)"),
+              std::string::npos)
+        << capture.messages[0];
+  }
+  EXPECT_EQ(accelerator.gather(torch::ones({1})).size(0), 2);  // still in step
+  accelerator.wait_for_everyone();
+  if (rank == 0) std::filesystem::remove_all(dir);
+}
+
+// SIGTERM reaching one process: both stop at that step and save one checkpoint together.
+TEST_F(DataParallel, TrainerStopsEveryProcessOnASignalToOne) {
+  struct SignalAtStep : mixprec::train::TrainerCallback {
+    int64_t rank = 0;
+    void on_step_end(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
+                     mixprec::train::TrainerControl&) override {
+      if (rank == 0 && state.global_step == 3) std::raise(SIGTERM);
+    }
+  };
+  auto callback = std::make_shared<SignalAtStep>();
+  callback->rank = accelerator.process_index();
+  torch::manual_seed(0);
+  auto data = std::make_shared<mixprec::data::TensorDataset>(std::map<std::string, at::Tensor>{
+      {"pixels", torch::randn({64, 4})}, {"labels", torch::randint(0, 3, {64})}});
+  mixprec::models::MLPClassifier model(
+      mixprec::models::MLPClassifierOptions{.in_features = 4, .hidden = 8, .num_labels = 3});
+  const auto main_pid = accelerator.gather(torch::tensor({static_cast<int64_t>(getpid())}))[0];
+  mixprec::TrainingArguments args;
+  args.output_dir = (std::filesystem::temp_directory_path() /
+                     ("mixprec_dp_signal_" + std::to_string(main_pid.item<int64_t>())))
+                        .string();
+  args.max_steps = 8;
+  args.save_strategy = "no";
+  args.per_device_train_batch_size = 4;
+  args.disable_tqdm = true;
+  mixprec::Trainer trainer(model, args, data, nullptr, {}, {callback});
+  const auto output = trainer.train();
+  EXPECT_EQ(output.stopped_by_signal, SIGTERM);
+  EXPECT_EQ(trainer.state().global_step, 3);
+  EXPECT_TRUE(std::filesystem::exists(std::filesystem::path(args.output_dir) / "checkpoint-3"));
+  accelerator.wait_for_everyone();
+  if (accelerator.is_main_process()) std::filesystem::remove_all(args.output_dir);
 }
 
 }  // namespace

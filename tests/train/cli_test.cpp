@@ -118,6 +118,12 @@ disable_tqdm: true
   const json args = read_json(dir_ / "out" / "checkpoint-30" / "training_args.json");
   EXPECT_EQ(args.at("num_train_epochs").get<double>(), 3.0);
   EXPECT_TRUE(args.at("bf16").get<bool>());
+
+  // Nothing made the output folder (no checkpoint, no tracker): the model goes there still.
+  const std::string bare =
+      run("train --config run.yaml --output_dir bare --save_strategy no --report_to none", &code);
+  ASSERT_EQ(code, 0) << bare;
+  EXPECT_TRUE(fs::exists(dir_ / "bare" / "model.safetensors"));
 }
 
 TEST_F(MixprecCommand, PrecisionReportComparesThePrecisionsAndRecommendsOne) {
