@@ -51,6 +51,17 @@ nlohmann::json random_sampler_passes(Loader& loader, const std::string& key) {
   return {{"passes", passes}, {"draws", draws}};
 }
 
+/// The message of every warning raised on this thread while it lives.
+class CapturedWarnings : public c10::WarningHandler {
+ public:
+  CapturedWarnings() : guard_(this) {}
+  void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
+  std::vector<std::string> messages;
+
+ private:
+  c10::WarningUtils::WarningHandlerGuard guard_;
+};
+
 /// The message of the c10::Error that f throws, without the backtrace.
 inline std::string error_of(const std::function<void()>& f) {
   try {

@@ -497,23 +497,21 @@ TEST(Accelerator, PreparedDataLoaderEndsAccumulationAndResumesFromAState) {
     }
     writer.commit();
   }
-  struct Capture : c10::WarningHandler {
-    std::vector<std::string> messages;
-    void process(const c10::Warning& warning) override { messages.push_back(warning.msg()); }
-  } capture;
+  std::vector<std::string> messages;
   {
-    c10::WarningUtils::WarningHandlerGuard guard(&capture);
+    mixprec::testing::CapturedWarnings capture;
     Accelerator one({.gradient_accumulation_steps = 2});
     auto loader_again = one.prepare_data_loader(numbers(10), {.batch_size = 4});
     one.load_state(two);
     accelerator.load_state(dir.string());  // its own: no warning
+    messages = capture.messages;
   }
-  ASSERT_EQ(capture.messages.size(), 1u);
-  EXPECT_NE(capture.messages[0].find("dataloader.json stopped mid-epoch with batches of 4 on each "
-                                     "of 2 process(es), sharded as batch_sampler_shard; this run "
-                                     "has batches of 4 on each of 1,"),
+  ASSERT_EQ(messages.size(), 1u);
+  EXPECT_NE(messages[0].find("dataloader.json stopped mid-epoch with batches of 4 on each "
+                             "of 2 process(es), sharded as batch_sampler_shard; this run "
+                             "has batches of 4 on each of 1,"),
             std::string::npos)
-      << capture.messages[0];
+      << messages[0];
   std::filesystem::remove_all(dir);
   std::filesystem::remove_all(two);
 }
