@@ -229,19 +229,6 @@ std::string nth(const std::string& stem, size_t n, const std::string& extension)
 
 }  // namespace
 
-namespace {
-
-// Deleting an old checkpoint may fail (a file held open elsewhere): a warning, not an error,
-// so that the new checkpoint counts as saved everywhere.
-void remove_old_checkpoint(const std::filesystem::path& dir) {
-  std::error_code error;
-  std::filesystem::remove_all(dir, error);
-  if (error)
-    TORCH_WARN("could not delete the old checkpoint ", dir.string(), ": ", error.message());
-}
-
-}  // namespace
-
 // Automatically named checkpoints: checkpoint_0, checkpoint_1, ... as Accelerate names them.
 constexpr const char* kCheckpointPrefix = "checkpoint_";
 // How prepared loaders share the data among the processes, as dataloader_N.json records it.
@@ -329,7 +316,7 @@ std::filesystem::path Accelerator::save_state(
       std::erase_if(saved,
                     [&](const auto& old) { return std::filesystem::equivalent(old.second, dir); });
       for (size_t i = 0; i + static_cast<size_t>(*project.total_limit) < saved.size() + 1; ++i)
-        remove_old_checkpoint(saved[i].second);
+        io::remove_old_checkpoint(saved[i].second);
     }
   });
   ++project.iteration;

@@ -437,4 +437,11 @@ int remove_unfinished_checkpoints(const std::filesystem::path& output_dir,
   return removed;
 }
 
+void remove_old_checkpoint(const std::filesystem::path& dir) {
+  std::error_code error;
+  std::filesystem::remove_all(dir, error);
+  if (error)
+    TORCH_WARN("could not delete the old checkpoint ", dir.string(), ": ", error.message());
+}
+
 }  // namespace mixprec::io

@@ -35,13 +35,6 @@ bool same_folder(const fs::path& a, const fs::path& b) {
   return fs::equivalent(a, b, error);
 }
 
-// As HF's rotation (shutil.rmtree with ignore_errors): a checkpoint that will not go is left.
-void remove_checkpoint(const fs::path& dir) {
-  std::error_code error;
-  fs::remove_all(dir, error);
-  if (error) TORCH_WARN("Trainer: could not delete ", dir.string(), ": ", error.message());
-}
-
 double seconds_since(std::chrono::steady_clock::time_point start) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 }
@@ -574,7 +567,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   if (args_.save_total_limit == 1 && state_.best_model_checkpoint && !stopped_by &&
       acc.is_main_process())
     for (const auto& [step, dir] : io::checkpoints(args_.output_dir))
-      if (!same_folder(dir, *state_.best_model_checkpoint)) remove_checkpoint(dir);
+      if (!same_folder(dir, *state_.best_model_checkpoint)) io::remove_old_checkpoint(dir);
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_end(a, s, c); });
   acc.end_training();
   impl.trackers_open = false;
@@ -610,7 +603,7 @@ void Trainer::rotate_checkpoints(int64_t limit) const {
   for (const auto& [step, dir] : checkpoints) {
     if (left <= keep) break;
     if (kept(dir)) continue;
-    remove_checkpoint(dir);
+    io::remove_old_checkpoint(dir);
     --left;
   }
 }

@@ -90,4 +90,8 @@ std::optional<std::filesystem::path> last_good_checkpoint(
 int remove_unfinished_checkpoints(const std::filesystem::path& output_dir,
                                   const std::string& prefix = "checkpoint-");
 
+/// Deletes an old checkpoint folder; a failure (a file held open elsewhere) is a warning, as HF's
+/// rotation ignores it, so that the save that rotated counts as done on every process.
+void remove_old_checkpoint(const std::filesystem::path& dir);
+
 }  // namespace mixprec::io
