@@ -43,6 +43,12 @@ at::Tensor flat_params(torch::nn::Module& module) {
   return torch::cat(flat);
 }
 
+// A temporary folder every rank names alike: named after the main process's pid.
+std::filesystem::path shared_temp_dir(Accelerator& accelerator, const std::string& stem) {
+  const auto main_pid = accelerator.gather(torch::tensor({static_cast<int64_t>(getpid())}))[0];
+  return std::filesystem::temp_directory_path() / (stem + std::to_string(main_pid.item<int64_t>()));
+}
+
 // Every rank holds the same tensor.
 void expect_same_on_every_rank(Accelerator& accelerator, const at::Tensor& t) {
   auto all = accelerator.gather(t.unsqueeze(0));
@@ -552,9 +558,7 @@ TEST_F(DataParallel, PadGatherObjectSplitTriggerAndGoingFirst) {
   EXPECT_FALSE(accelerator.check_trigger());
 
   // Rank 0's folder, for both.
-  const auto main_pid = accelerator.gather(torch::tensor({static_cast<int64_t>(getpid())}))[0];
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("mixprec_dp_first_" + std::to_string(main_pid.item<int64_t>()));
+  const auto dir = shared_temp_dir(accelerator, "mixprec_dp_first_");
   {
     auto first = accelerator.main_process_first();
     if (rank == 0) {  // late: the others must still wait for it
@@ -581,9 +585,7 @@ TEST_F(DataParallel, PadGatherObjectSplitTriggerAndGoingFirst) {
 // others waited at a barrier for the process group's 30-minute timeout).
 TEST_F(DataParallel, AFailedWriteOnTheMainProcessIsAnErrorOnEveryProcess) {
   const int64_t rank = accelerator.process_index();
-  const auto main_pid = accelerator.gather(torch::tensor({static_cast<int64_t>(getpid())}))[0];
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("mixprec_dp_fail_" + std::to_string(main_pid.item<int64_t>()));
+  const auto dir = shared_temp_dir(accelerator, "mixprec_dp_fail_");
   if (rank == 0) {
     // A folder where save_model's file goes, and a file where save_state's folder's parent goes.
     std::filesystem::create_directories(dir / "model.safetensors" / "in_the_way");
@@ -624,9 +626,7 @@ TEST_F(DataParallel, AFailedWriteOnTheMainProcessIsAnErrorOnEveryProcess) {
 // on, as Accelerate's (an error on them alone would leave the main process waiting).
 TEST_F(DataParallel, AStateFromFewerProcessesLoadsWithAWarning) {
   const int64_t rank = accelerator.process_index();
-  const auto main_pid = accelerator.gather(torch::tensor({static_cast<int64_t>(getpid())}))[0];
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("mixprec_dp_fewer_" + std::to_string(main_pid.item<int64_t>()));
+  const auto dir = shared_temp_dir(accelerator, "mixprec_dp_fewer_");
   accelerator.save_state((dir / "two").string());
   if (rank == 0) {  // the same state without rank 1's file, as one process would have saved it
     mixprec::io::CheckpointWriter writer(dir / "one");
@@ -673,11 +673,8 @@ TEST_F(DataParallel, TrainerStopsEveryProcessOnASignalToOne) {
       {"pixels", torch::randn({64, 4})}, {"labels", torch::randint(0, 3, {64})}});
   mixprec::models::MLPClassifier model(
       mixprec::models::MLPClassifierOptions{.in_features = 4, .hidden = 8, .num_labels = 3});
-  const auto main_pid = accelerator.gather(torch::tensor({static_cast<int64_t>(getpid())}))[0];
   mixprec::TrainingArguments args;
-  args.output_dir = (std::filesystem::temp_directory_path() /
-                     ("mixprec_dp_signal_" + std::to_string(main_pid.item<int64_t>())))
-                        .string();
+  args.output_dir = shared_temp_dir(accelerator, "mixprec_dp_signal_").string();
   args.max_steps = 8;
   args.save_strategy = "no";
   args.per_device_train_batch_size = 4;
