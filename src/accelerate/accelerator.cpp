@@ -388,9 +388,17 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name) {
   else
     TORCH_WARN("Accelerator::load_state: no ", rng_file.string(),
                " (saved with fewer processes); this process's random generators are not restored");
-  for (size_t i = 0; i < shared_->custom_objects.size(); ++i)
-    shared_->custom_objects[i]->load_state_dict(
-        io::read_file(dir / nth("custom_checkpoint", i, ".json")));
+  for (size_t i = 0; i < shared_->custom_objects.size(); ++i) {
+    const auto file = dir / nth("custom_checkpoint", i, ".json");
+    const std::string text = io::read_file(file);
+    try {
+      shared_->custom_objects[i]->load_state_dict(text);
+    } catch (const c10::Error& e) {
+      TORCH_CHECK(false, file.string(), ": ", e.what_without_backtrace());
+    } catch (const std::exception& e) {
+      TORCH_CHECK(false, file.string(), ": ", e.what());
+    }
+  }
   const json accelerator_state = read_json("accelerator.json");
   for (size_t i = 0; i < shared_->loaders.size(); ++i) {
     const std::string name = nth("dataloader", i, ".json");

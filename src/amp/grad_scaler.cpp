@@ -18,14 +18,15 @@ constexpr const char* kFix =
     "iteration.";
 
 // The per-device copy of a 0-dim tensor, made once per call (PyTorch's
-// _MultiDeviceReplicator).
+// _MultiDeviceReplicator). A copy even on the tensor's own device: a product saved for
+// backward must not be the scale that update() changes in place.
 class PerDevice {
  public:
   explicit PerDevice(at::Tensor master) : master_(std::move(master)) {}
   const at::Tensor& get(const at::Device& device) {
     for (auto& [d, t] : copies_)
       if (d == device) return t;
-    copies_.emplace_back(device, master_.to(device, /*non_blocking=*/true));
+    copies_.emplace_back(device, master_.to(device, /*non_blocking=*/true, /*copy=*/true));
     return copies_.back().second;
   }
   std::vector<std::pair<at::Device, at::Tensor>> take() { return std::move(copies_); }

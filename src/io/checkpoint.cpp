@@ -66,9 +66,12 @@ at::Tensor take(const TensorMap& state, const std::string& key, const at::Tensor
                         : it->second.clone();
 }
 
+// `fused`: mixprec's AdamW keeps `step` on the param's device, as PyTorch's load_state_dict
+// places it for a fused group; in float32 either way, the dtype its steps make.
 template <typename S>
 std::unique_ptr<S> get_adam_like(const TensorMap& state, const std::string& prefix,
-                                 const at::Tensor& param, const std::string& source) {
+                                 const at::Tensor& param, const std::string& source,
+                                 bool fused = false) {
   auto s = std::make_unique<S>();
   s->exp_avg(take(state, prefix + "exp_avg", param, source));
   s->exp_avg_sq(take(state, prefix + "exp_avg_sq", param, source));
@@ -83,8 +86,11 @@ std::unique_ptr<S> get_adam_like(const TensorMap& state, const std::string& pref
     TORCH_CHECK(value >= 0 && value < 0x1p63 && std::floor(value) == value, source,
                 ": optimizer state '", prefix, "step' is ", value, ", expected a step count");
     s->step(static_cast<int64_t>(value));
-  } else
-    s->step(step.clone());
+  } else {
+    TORCH_CHECK(step.numel() == 1, source, ": optimizer state '", prefix, "step' has shape ",
+                step.sizes(), ", expected one value");
+    s->step(step.reshape({}).to(fused ? param.device() : at::Device(at::kCPU), at::kFloat));
+  }
   return s;
 }
 
@@ -248,41 +254,45 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerSta
                 " in the optimizer");
     lrs.push_back(group["lr"].get<double>());
   }
+  // Every state is read before the optimizer changes, so a bad one leaves it as it was.
+  std::vector<std::pair<c10::TensorImpl*, std::unique_ptr<torch::optim::OptimizerParamState>>>
+      states;  // null: no state (never stepped)
   size_t index = 0;
-  for (size_t g = 0; g < param_groups.size(); ++g) {
-    auto& group = param_groups[g];
-    group.options().set_lr(lrs[g]);
+  for (const auto& group : param_groups) {
     for (const auto& param : group.params()) {
       const std::string prefix = "state." + std::to_string(index++) + ".";
+      auto& [key, s] = states.emplace_back(param.unsafeGetTensorImpl(), nullptr);
       const bool present = std::any_of(state.tensors.begin(), state.tensors.end(),
                                        [&](auto& kv) { return kv.first.starts_with(prefix); });
-      auto key = param.unsafeGetTensorImpl();
-      if (!present) {
-        optimizer.state().erase(key);
-        continue;
-      }
+      if (!present) continue;
       switch (kind) {
         case Kind::kSgd: {
-          auto s = std::make_unique<torch::optim::SGDParamState>();
+          auto sgd = std::make_unique<torch::optim::SGDParamState>();
           if (state.tensors.count(prefix + "momentum_buffer"))
-            s->momentum_buffer(take(state.tensors, prefix + "momentum_buffer", param, source));
-          optimizer.state()[key] = std::move(s);
+            sgd->momentum_buffer(take(state.tensors, prefix + "momentum_buffer", param, source));
+          s = std::move(sgd);
           break;
         }
         case Kind::kAdam:
-          optimizer.state()[key] =
-              get_adam_like<torch::optim::AdamParamState>(state.tensors, prefix, param, source);
+          s = get_adam_like<torch::optim::AdamParamState>(state.tensors, prefix, param, source);
           break;
         case Kind::kTorchAdamW:
-          optimizer.state()[key] =
-              get_adam_like<torch::optim::AdamWParamState>(state.tensors, prefix, param, source);
+          s = get_adam_like<torch::optim::AdamWParamState>(state.tensors, prefix, param, source);
           break;
         case Kind::kMixprecAdamW:
-          optimizer.state()[key] =
-              get_adam_like<optim::AdamWParamState>(state.tensors, prefix, param, source);
+          s = get_adam_like<optim::AdamWParamState>(
+              state.tensors, prefix, param, source,
+              static_cast<const optim::AdamWOptions&>(group.options()).fused());
           break;
       }
     }
+  }
+  for (size_t g = 0; g < param_groups.size(); ++g) param_groups[g].options().set_lr(lrs[g]);
+  for (auto& [key, s] : states) {
+    if (s)
+      optimizer.state()[key] = std::move(s);
+    else
+      optimizer.state().erase(key);
   }
 }
 

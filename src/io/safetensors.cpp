@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fcntl.h>
+#include <torch/version.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
 
@@ -16,6 +17,7 @@
 #include <fstream>
 #include <limits>
 #include <regex>
+#include <set>
 #include <sstream>
 
 namespace mixprec::io {
@@ -32,10 +34,30 @@ struct DType {
   const char* name;
   at::ScalarType type;
 };
+// In the order of the reference writer, which lays tensors out by this order, then by name, so
+// that every tensor's data is aligned (the enum order of the Rust crate's Dtype, reversed).
 constexpr DType kDTypes[] = {
-    {"F64", at::kDouble}, {"F32", at::kFloat}, {"F16", at::kHalf},  {"BF16", at::kBFloat16},
-    {"I64", at::kLong},   {"I32", at::kInt},   {"I16", at::kShort}, {"I8", at::kChar},
-    {"U8", at::kByte},    {"BOOL", at::kBool},
+    {"U64", at::kUInt64},
+    {"I64", at::kLong},
+    {"F64", at::kDouble},
+    {"C64", at::kComplexFloat},
+    {"F32", at::kFloat},
+    {"U32", at::kUInt32},
+    {"I32", at::kInt},
+    {"BF16", at::kBFloat16},
+    {"F16", at::kHalf},
+    {"U16", at::kUInt16},
+    {"I16", at::kShort},
+    {"F8_E5M2FNUZ", at::kFloat8_e5m2fnuz},
+    {"F8_E4M3FNUZ", at::kFloat8_e4m3fnuz},
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+    {"F8_E8M0", at::kFloat8_e8m0fnu},
+#endif
+    {"F8_E4M3", at::kFloat8_e4m3fn},
+    {"F8_E5M2", at::kFloat8_e5m2},
+    {"I8", at::kChar},
+    {"U8", at::kByte},
+    {"BOOL", at::kBool},
 };
 
 at::ScalarType dtype_from_name(const std::string& name, const std::string& where) {
@@ -44,9 +66,10 @@ at::ScalarType dtype_from_name(const std::string& name, const std::string& where
   TORCH_CHECK(false, where, ": unsupported dtype '", name, "'");
 }
 
-const char* dtype_name(at::ScalarType type, const std::string& where) {
-  for (const auto& d : kDTypes)
-    if (type == d.type) return d.name;
+// The position of `type` in kDTypes.
+size_t dtype_rank(at::ScalarType type, const std::string& where) {
+  for (size_t i = 0; i < std::size(kDTypes); ++i)
+    if (type == kDTypes[i].type) return i;
   TORCH_CHECK(false, where, ": dtype ", type, " cannot be stored in safetensors");
 }
 
@@ -104,10 +127,19 @@ TensorMap parse_safetensors(std::string_view bytes, const std::string& file,
   TORCH_CHECK(header_size <= kMaxHeaderBytes && header_size <= bytes.size() - 8, file,
               ": header length ", header_size, " runs past the end of the file (", bytes.size(),
               " bytes)");
+  // Each name once: a JSON object may repeat one, and a parser keeps one of the two.
+  std::set<std::string> names;
+  const json::parser_callback_t reject_repeated_names = [&](int depth, json::parse_event_t event,
+                                                            json& parsed) {
+    if (depth == 1 && event == json::parse_event_t::key)
+      TORCH_CHECK(names.insert(parsed.get<std::string>()).second, file, ": the header names '",
+                  parsed.get<std::string>(), "' twice");
+    return true;
+  };
   json header;
   try {
-    header =
-        json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<ptrdiff_t>(header_size));
+    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<ptrdiff_t>(header_size),
+                         reject_repeated_names);
   } catch (const json::exception& e) {
     TORCH_CHECK(false, file, ": malformed JSON header: ", e.what());
   }
@@ -115,16 +147,21 @@ TensorMap parse_safetensors(std::string_view bytes, const std::string& file,
   const uint64_t data_size = bytes.size() - 8 - header_size;
   const char* data = bytes.data() + 8 + header_size;
 
-  TensorMap tensors;
+  struct Entry {
+    std::string name;
+    at::ScalarType type;
+    std::vector<int64_t> shape;
+    uint64_t begin, end;
+  };
+  std::vector<Entry> entries;
   for (const auto& [name, entry] : header.items()) {
     const std::string where = file + ": tensor '" + name + "'";
     if (name == "__metadata__") {
+      if (entry.is_null()) continue;  // as the reference reader
       TORCH_CHECK(entry.is_object(), file, ": __metadata__ is not an object");
-      if (metadata) {
-        for (const auto& [key, value] : entry.items()) {
-          TORCH_CHECK(value.is_string(), file, ": __metadata__ '", key, "' is not a string");
-          (*metadata)[key] = value.get<std::string>();
-        }
+      for (const auto& [key, value] : entry.items()) {
+        TORCH_CHECK(value.is_string(), file, ": __metadata__ '", key, "' is not a string");
+        if (metadata) (*metadata)[key] = value.get<std::string>();
       }
       continue;
     }
@@ -158,9 +195,30 @@ TensorMap parse_safetensors(std::string_view bytes, const std::string& file,
     TORCH_CHECK(end - begin == expected, where, ": data_offsets span ", end - begin,
                 " bytes, but shape ", shape_json.dump(), " of ", entry["dtype"].get<std::string>(),
                 " takes ", expected);
-    at::Tensor t = at::empty(shape, at::TensorOptions().dtype(type));
-    if (expected > 0) std::memcpy(t.data_ptr(), data + begin, expected);
-    tensors.emplace(name, std::move(t));
+    entries.push_back({name, type, std::move(shape), begin, end});
+  }
+  // The tensors tile the data, without gaps or overlaps, as the reference reader requires; so
+  // what is allocated below adds up to the file's size.
+  std::sort(entries.begin(), entries.end(), [](const Entry& a, const Entry& b) {
+    return std::pair(a.begin, a.end) < std::pair(b.begin, b.end);
+  });
+  uint64_t covered = 0;
+  for (const Entry& e : entries) {
+    TORCH_CHECK(e.begin == covered, file, ": tensor '", e.name, "': data_offsets [", e.begin, ", ",
+                e.end, "] ",
+                e.begin < covered ? "overlap another tensor's data, which ends at byte "
+                                  : "leave a gap after the data before it, which ends at byte ",
+                covered);
+    covered = e.end;
+  }
+  TORCH_CHECK(covered == data_size, file, ": the tensors' data ends at byte ", covered, " of ",
+              data_size, "; the rest belongs to no tensor");
+
+  TensorMap tensors;
+  for (Entry& e : entries) {
+    at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
+    if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    tensors.emplace(std::move(e.name), std::move(t));
   }
   return tensors;
 }
@@ -278,20 +336,31 @@ TensorMap load_safetensors_index(const std::filesystem::path& index_file) {
 
 void save_safetensors(const std::filesystem::path& path, const TensorMap& tensors,
                       const std::map<std::string, std::string>& metadata) {
-  json header = json::object();
-  if (!metadata.empty()) header["__metadata__"] = metadata;
-  std::vector<at::Tensor> contiguous;
-  uint64_t offset = 0;
+  struct Entry {
+    std::string name;
+    size_t rank;
+    at::Tensor data;
+  };
+  std::vector<Entry> entries;
   for (const auto& [name, tensor] : tensors) {
     const std::string where = path.string() + ": tensor '" + name + "'";
     TORCH_CHECK(tensor.defined(), where, " is undefined");
-    at::Tensor t = tensor.detach().to(at::kCPU).contiguous();
-    const uint64_t size = static_cast<uint64_t>(t.nbytes());
-    header[name] = {{"dtype", dtype_name(t.scalar_type(), where)},
-                    {"shape", t.sizes().vec()},
-                    {"data_offsets", {offset, offset + size}}};
+    entries.push_back(
+        {name, dtype_rank(tensor.scalar_type(), where), tensor.detach().to(at::kCPU).contiguous()});
+  }
+  // As the reference writer: wider dtypes first, so every tensor's data stays aligned, then by
+  // name; the header in that order, after the metadata. The same tensors give the same bytes.
+  std::stable_sort(entries.begin(), entries.end(),
+                   [](const Entry& a, const Entry& b) { return a.rank < b.rank; });
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) header["__metadata__"] = metadata;
+  uint64_t offset = 0;
+  for (const auto& e : entries) {
+    const uint64_t size = static_cast<uint64_t>(e.data.nbytes());
+    header[e.name] = {{"dtype", kDTypes[e.rank].name},
+                      {"shape", e.data.sizes().vec()},
+                      {"data_offsets", {offset, offset + size}}};
     offset += size;
-    contiguous.push_back(std::move(t));
   }
   std::string text = header.dump();
   // Pad the header with spaces so the data starts 8-byte aligned, as the
@@ -302,8 +371,8 @@ void save_safetensors(const std::filesystem::path& path, const TensorMap& tensor
   std::memcpy(out.data(), &header_size, 8);
   out += text;
   out.reserve(out.size() + offset);
-  for (const auto& t : contiguous)
-    out.append(static_cast<const char*>(t.data_ptr()), static_cast<size_t>(t.nbytes()));
+  for (const auto& e : entries)
+    out.append(static_cast<const char*>(e.data.data_ptr()), static_cast<size_t>(e.data.nbytes()));
   write_file_atomically(path, out);
 }
 

@@ -58,8 +58,8 @@ Fp16Range fp16_range(const at::Tensor& x, double scale) {
 
 namespace {
 
-// The ops autocast runs in 16 bits (ATen's lower_precision_fp list, the
-// matmul class): their outputs are the activations fp16 must hold.
+// The ops autocast runs in 16 bits (ATen's lower_precision_fp lists, the
+// matmul class; mv and addmv on CUDA only): their outputs are the activations fp16 must hold.
 bool watched(const char* name) {
   static const std::unordered_set<std::string_view> ops = {
       "aten::mm",

@@ -35,7 +35,7 @@ Kernel cpu_kernel() {
 // The CPU kernels: two passes over the logits, nothing (N, C) kept but the logits themselves.
 struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& targets, int64_t ignore_index, int64_t count) {
+                            const at::Tensor& targets, int64_t ignore_index, int64_t divisor) {
     RECORD_FUNCTION("mixprec::cross_entropy", std::vector<c10::IValue>());
     const int64_t N = logits.size(0);
     const auto fp32 = logits.options().dtype(at::kFloat);
@@ -46,8 +46,8 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
     for (int64_t i = 0; i < N; ++i) sum += l[i];
     ctx->save_for_backward({logits, targets, lse});
     ctx->saved_data["ignore_index"] = ignore_index;
-    ctx->saved_data["count"] = count;
-    return at::scalar_tensor(sum / static_cast<double>(count), fp32);  // NaN if count is 0
+    ctx->saved_data["divisor"] = divisor;
+    return at::scalar_tensor(sum / static_cast<double>(divisor), fp32);  // NaN if divisor is 0
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
@@ -57,8 +57,8 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
                 "record a graph (create_graph=true)");
     const auto saved = ctx->get_saved_variables();
     const auto& logits = saved[0];
-    const double count = static_cast<double>(ctx->saved_data["count"].toInt());
-    const auto scale = static_cast<float>(grad_outputs[0].item<double>() / count);
+    const double divisor = static_cast<double>(ctx->saved_data["divisor"].toInt());
+    const auto scale = static_cast<float>(grad_outputs[0].item<double>() / divisor);
     auto grad = at::empty_like(logits);
     cpu_kernel().backward(logits, saved[1], ctx->saved_data["ignore_index"].toInt(), saved[2],
                           scale, grad);
@@ -69,12 +69,14 @@ struct FusedCrossEntropy : torch::autograd::Function<FusedCrossEntropy> {
 // Elsewhere (fp64, other devices, CPUs without AVX2): LibTorch's ops, in the logits' dtype.
 struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& logits,
-                            const at::Tensor& targets, int64_t ignore_index) {
+                            const at::Tensor& targets, int64_t ignore_index,
+                            std::optional<int64_t> num_items) {
     auto valid = targets.ne(ignore_index);
     auto safe = targets.masked_fill(valid.logical_not(), 0).unsqueeze(1);  // (N, 1)
     auto log_probs = at::log_softmax(logits, /*dim=*/1);
     auto nll = log_probs.gather(1, safe).squeeze(1).neg_();
-    auto count = valid.sum();  // a tensor: no host sync
+    // The divisor, a tensor: counting the valid rows needs no host sync.
+    auto count = num_items ? at::scalar_tensor(*num_items, targets.options()) : valid.sum();
     ctx->save_for_backward({log_probs, safe, valid, count});
     return nll.mul_(valid).sum().div_(count);
   }
@@ -82,18 +84,20 @@ struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto saved = ctx->get_saved_variables();
     const auto& log_probs = saved[0];
-    // d loss / d logits = (softmax - one_hot(target)) * grad / count on the rows that count.
+    // d loss / d logits = (softmax - one_hot(target)) * grad / divisor on the rows that count.
     auto scale = saved[2].to(log_probs.scalar_type()).mul_(grad_outputs[0] / saved[3]).unsqueeze(1);
     auto grad = log_probs.exp().mul_(scale);
     grad.scatter_add_(1, saved[1], scale.neg());
-    return {grad, at::Tensor(), at::Tensor()};
+    return {grad, at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
-at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
-                         int64_t ignore_index) {
+at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets, int64_t ignore_index,
+                         std::optional<int64_t> num_items) {
+  TORCH_CHECK(!num_items || *num_items >= 0, "cross_entropy: num_items is ", *num_items,
+              ", expected >= 0");
   TORCH_CHECK(logits.dim() == 2 && at::isFloatingType(logits.scalar_type()),
               "cross_entropy: logits must be floating (N, C), got ", logits.scalar_type(),
               " of shape ", logits.sizes());
@@ -115,9 +119,10 @@ at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
   const auto dtype = logits.scalar_type();
   const bool kernel_dtype = dtype == at::kFloat || dtype == at::kBFloat16 || dtype == at::kHalf;
   if (logits.is_cpu() && targets.is_cpu() && kernel_dtype && cpu_kernel().forward != nullptr)
-    return FusedCrossEntropy::apply(logits.contiguous(), targets.contiguous(), ignore_index, count);
+    return FusedCrossEntropy::apply(logits.contiguous(), targets.contiguous(), ignore_index,
+                                    num_items.value_or(count));
   const auto upcast = at::isReducedFloatingType(dtype) ? logits.to(at::kFloat) : logits;
-  return CrossEntropy::apply(upcast, targets, ignore_index);
+  return CrossEntropy::apply(upcast, targets, ignore_index, num_items);
 }
 
 }  // namespace mixprec::models

@@ -291,7 +291,8 @@ GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config) : config_(std::move(
 }
 
 ModelOutput GPT2LMHeadModelImpl::forward(const torch::Tensor& input_ids,
-                                         const torch::Tensor& labels) {
+                                         const torch::Tensor& labels,
+                                         std::optional<int64_t> num_items_in_batch) {
   auto x = transformer(input_ids);  // (B, T, C)
   ModelOutput out;
   out.logits = models::linear(x, transformer->wte->weight);  // (B, T, V), tied lm_head
@@ -307,7 +308,7 @@ ModelOutput GPT2LMHeadModelImpl::forward(const torch::Tensor& input_ids,
                            /*dim=*/1);  // (B, T)
     // In fp32 for 16-bit logits, as HF's loss (which casts them first).
     out.loss = cross_entropy(out.logits.view({-1, V}), targets.view({-1}),
-                             /*ignore_index=*/-100);
+                             /*ignore_index=*/-100, num_items_in_batch);
   }
   return out;
 }

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <regex>
 #include <set>
+#include <span>
 
 #include <signal.h>
 
@@ -43,6 +44,23 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 int64_t absolute_steps(double steps, int64_t max_steps) {
   return steps < 1 ? static_cast<int64_t>(std::ceil(steps * max_steps))
                    : static_cast<int64_t>(steps);
+}
+
+// HF's _get_num_items_in_batch for a causal LM: the labels[..., 1:] other than -100 in
+// `batches`, summed over the processes with `across_processes`; none without labels.
+std::optional<int64_t> count_label_tokens(std::span<const data::Batch> batches,
+                                          const accelerate::Accelerator& acc,
+                                          bool across_processes) {
+  if (batches.empty() || !batches.front().count("labels")) return std::nullopt;
+  int64_t count = 0;
+  for (const auto& batch : batches) {
+    const at::Tensor& labels = batch.at("labels");
+    if (labels.size(-1) > 1)
+      count += labels.narrow(-1, 1, labels.size(-1) - 1).ne(-100).sum().item<int64_t>();
+  }
+  if (across_processes && acc.num_processes() > 1)
+    count = acc.reduce(at::full({1}, count, at::kLong), "sum").item<int64_t>();
+  return count;
 }
 
 // Concatenates along dim 0, padding the other dims with -100 where they
@@ -96,12 +114,25 @@ struct StopSignals {
   }
 };
 
-// Where the train loader stands, saved with each checkpoint.
+// Where the train loader stands, saved with each checkpoint, with the batch of all processes
+// together that the position counts in.
 struct DataPosition : accelerate::Checkpointable {
   data::DataLoaderState state;
-  std::string state_dict() const override { return json(state).dump(); }
+  int64_t global_batch = 0;
+  std::optional<int64_t> saved_global_batch;  // the loaded checkpoint's, when it records one
+  std::string state_dict() const override {
+    json j = state;
+    j["global_batch"] = global_batch;
+    return j.dump();
+  }
   void load_state_dict(const std::string& text) override {
-    state = json::parse(text).get<data::DataLoaderState>();
+    const json j = json::parse(text);
+    state = j.get<data::DataLoaderState>();
+    saved_global_batch.reset();
+    if (!j.contains("global_batch")) return;
+    TORCH_CHECK(j.at("global_batch").is_number_integer(),
+                "expected an integer 'global_batch', got ", j.at("global_batch").dump());
+    saved_global_batch = j.at("global_batch").get<int64_t>();
   }
 };
 
@@ -110,6 +141,7 @@ struct DataPosition : accelerate::Checkpointable {
 struct Trainer::Impl {
   std::shared_ptr<torch::nn::Module> module;
   BatchForward forward;
+  NumItemsForward num_items_forward;  // empty: the model takes no num_items_in_batch
   data::DatasetPtr train_dataset, eval_dataset;
   ComputeMetrics compute_metrics;
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;
@@ -129,11 +161,27 @@ struct Trainer::Impl {
     return std::nullopt;
   }
 
+  // The model's output on a batch; with `num_items` (the model takes num_items_in_batch), its
+  // loss is divided by it and, as HF's with average_tokens_across_devices, multiplied by the
+  // `processes` whose gradients data parallel averages.
+  models::ModelOutput run(const data::Batch& batch, std::optional<int64_t> num_items,
+                          int64_t processes) const {
+    if (!num_items) return forward(batch);
+    models::ModelOutput out = num_items_forward(batch, *num_items);
+    if (processes > 1 && out.loss.defined()) out.loss = out.loss * processes;
+    return out;
+  }
+
+  // Labels keep their dtype: the loss and the metrics compare with them.
   static data::Batch to_device(const data::Batch& batch, const c10::Device& device,
-                               std::optional<at::ScalarType> dtype) {
+                               std::optional<at::ScalarType> dtype,
+                               const std::vector<std::string>& label_names) {
     data::Batch moved;
-    for (const auto& [key, t] : batch)
-      moved[key] = dtype && t.is_floating_point() ? t.to(device, *dtype) : t.to(device);
+    for (const auto& [key, t] : batch) {
+      const bool label =
+          std::find(label_names.begin(), label_names.end(), key) != label_names.end();
+      moved[key] = dtype && t.is_floating_point() && !label ? t.to(device, *dtype) : t.to(device);
+    }
     return moved;
   }
 
@@ -142,6 +190,10 @@ struct Trainer::Impl {
     for (auto& cb : callbacks) event(*cb, args, state, control);
   }
 };
+
+void Trainer::set_num_items_forward(NumItemsForward forward) {
+  impl_->num_items_forward = std::move(forward);
+}
 
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward,
                  TrainingArguments args, data::DatasetPtr train_dataset,
@@ -167,6 +219,8 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
   impl_->collate = std::move(data_collator);  // empty: the DataLoader's default
   TORCH_CHECK(args_.eval_strategy == "no" || impl_->eval_dataset, "Trainer: eval_strategy is \"",
               args_.eval_strategy, "\" but no eval_dataset was given");
+  TORCH_CHECK(args_.save_strategy != "best" || args_.metric_for_best_model,
+              "Trainer: metric_for_best_model must be provided when using 'best' save_strategy");
   accelerator_ = std::make_shared<accelerate::Accelerator>(accelerate::AcceleratorOptions{
       .mixed_precision = args_.fp16 ? "fp16" : (args_.bf16 ? "bf16" : "no"),
       // As HF's: the Trainer divides each loss by its accumulation window's length itself
@@ -261,6 +315,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
 
   // The optimizer and schedule of args, on the trained parameters.
   const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
+  const auto label_names = args_.label_names.value_or(std::vector<std::string>{"labels"});
   std::vector<at::Tensor> decay, no_decay;
   {
     const auto names = get_decay_parameter_names();
@@ -303,6 +358,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   acc.prepare(schedule);  // for save_state and load_state only: stepped below, as HF's Trainer
   auto& position = impl.position;
   position.state = {};
+  position.global_batch = args_.per_device_train_batch_size * acc.num_processes();
 
   state_ = TrainerState{};
   state_.max_steps = max_steps;
@@ -318,6 +374,16 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     const auto file = fs::path(*resume_from_checkpoint) / "trainer_state.json";
     state_ = TrainerState::from_json(io::read_file(file), file.string());
     loader.load_state(position.state);
+    // Mid-epoch, the batches done stand for other samples when the batch of all processes
+    // together changed (another batch size or number of processes).
+    if (position.state.batches_yielded > 0 && position.saved_global_batch &&
+        *position.saved_global_batch != position.global_batch)
+      TORCH_WARN("Trainer: ", *resume_from_checkpoint, " stopped mid-epoch with a batch of ",
+                 *position.saved_global_batch, " samples on all processes together; this run's is ",
+                 position.global_batch, " (per_device_train_batch_size ",
+                 args_.per_device_train_batch_size, " x ", acc.num_processes(),
+                 " processes), so the rest of the epoch can repeat or skip "
+                 "samples");
     if (state_.best_model_checkpoint && !fs::exists(*state_.best_model_checkpoint)) {
       TORCH_WARN("Trainer: the best checkpoint ", *state_.best_model_checkpoint,
                  " recorded in the resumed state does not exist anymore; ignoring it for this run");
@@ -397,13 +463,22 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     impl.control.should_log = impl.control.should_evaluate = impl.control.should_save = false;
   };
 
+  // With num_items_in_batch, the loss is scaled by these processes (HF's
+  // average_tokens_across_devices).
+  const int64_t loss_processes = args_.average_tokens_across_devices ? acc.num_processes() : 1;
+  impl.module->zero_grad();  // as HF: nothing left from before (a run stopped mid-window) adds in
   for (int64_t epoch = loader.epoch(); epoch < num_epochs && !impl.control.should_training_stop;
        ++epoch) {
     loader.set_epoch(epoch);
     impl.call(args_, state_,
               [](auto& cb, auto& a, auto& s, auto& c) { cb.on_epoch_begin(a, s, c); });
     int64_t step_in_epoch = loader.state().batches_yielded;
-    for (const data::Batch& batch : loader) {
+    // The rest of the accumulation window, read at its start (HF's get_batch_samples), and its
+    // label tokens on all processes when the model takes num_items_in_batch.
+    std::vector<data::Batch> window_batches;
+    size_t next_in_window = 0;
+    std::optional<int64_t> num_items_in_batch;
+    for (auto it = loader.begin(); next_in_window < window_batches.size() || it != loader.end();) {
       if (step_in_epoch % args_.gradient_accumulation_steps == 0)
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_begin(a, s, c); });
@@ -412,10 +487,22 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
           step_in_epoch - step_in_epoch % args_.gradient_accumulation_steps;
       const int64_t window =
           std::min(args_.gradient_accumulation_steps, batches_per_epoch - window_start);
+      if (next_in_window == window_batches.size()) {
+        window_batches.clear();
+        next_in_window = 0;
+        for (int64_t i = step_in_epoch; i < window_start + window && it != loader.end(); ++i, ++it)
+          window_batches.push_back(*it);
+        num_items_in_batch =
+            impl.num_items_forward
+                ? count_label_tokens(window_batches, acc, args_.average_tokens_across_devices)
+                : std::nullopt;
+      }
+      const data::Batch batch = std::move(window_batches[next_in_window++]);
       acc.gradient_state().sync_gradients = step_in_epoch + 1 == window_start + window;
-      const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype);
+      const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype, label_names);
       impl.module->train();
-      const models::ModelOutput out = prepared.run([&] { return impl.forward(on_device); });
+      const models::ModelOutput out =
+          prepared.run([&] { return impl.run(on_device, num_items_in_batch, loss_processes); });
       TORCH_CHECK(out.loss.defined(),
                   "Trainer: the model returned no loss; does the batch hold "
                   "labels? (its keys: ",
@@ -435,7 +522,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         stop_training(c10::str("the loss is ", out.loss.item<double>(), " (",
                                acc.mixed_precision() == "no" ? "fp32" : acc.mixed_precision(),
                                ": no loss scaling to skip it)"));
-      const at::Tensor loss = window == 1 ? out.loss : out.loss / window;
+      // Divided by the window's label tokens already, the loss adds up over the window.
+      const at::Tensor loss = num_items_in_batch || window == 1 ? out.loss : out.loss / window;
       acc.backward(loss);
       const at::Tensor step_loss = loss.detach().to(at::kFloat).cpu();
       // As HF's logging_nan_inf_filter: an inf/NaN loss (a skipped fp16 step) counts as the
@@ -582,7 +670,9 @@ void Trainer::save_checkpoint() {
     state_.best_model_checkpoint = dir.string();
   acc.save_state(dir.string(), {{"trainer_state.json", state_.to_json()},
                                 {"training_args.json", args_.to_json()}});
-  if (args_.save_total_limit && acc.is_main_process()) rotate_checkpoints(*args_.save_total_limit);
+  // As HF's _rotate_checkpoints: a limit of 0 or below keeps every checkpoint.
+  if (args_.save_total_limit.value_or(0) > 0 && acc.is_main_process())
+    rotate_checkpoints(*args_.save_total_limit);
   impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_save(a, s, c); });
 }
 
@@ -670,10 +760,8 @@ Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
 PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
   TORCH_CHECK(test_dataset, "Trainer::predict: no dataset");
   PredictionOutput output = prediction_loop(std::move(test_dataset), "test", false);
-  if (!impl_->in_train)
-    impl_->call(args_, state_, [&](auto& cb, auto& a, auto& s, auto& c) {
-      cb.on_predict(a, s, c, output.metrics);
-    });
+  impl_->call(args_, state_,
+              [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_predict(a, s, c, output.metrics); });
   return output;
 }
 
@@ -686,6 +774,7 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   if (!impl.in_train && (args_.fp16_full_eval || args_.bf16_full_eval))
     impl.module->to(args_.fp16_full_eval ? at::kHalf : at::kBFloat16);
   const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
+  const auto label_names = args_.label_names.value_or(std::vector<std::string>{"labels"});
   data::DataLoader loader(std::move(dataset),
                           {.batch_size = static_cast<size_t>(args_.per_device_eval_batch_size),
                            .drop_last = args_.dataloader_drop_last,
@@ -701,11 +790,18 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   int64_t batches = 0;
   const size_t last = loader.size() - 1;
   for (const data::Batch& batch : loader) {
-    const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype);
+    const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype, label_names);
+    // As HF's prediction_step: a causal LM's loss over the batch's label tokens, on all
+    // processes with average_tokens_across_devices.
+    const auto num_items =
+        impl.num_items_forward
+            ? count_label_tokens({&batch, 1}, acc, args_.average_tokens_across_devices)
+            : std::nullopt;
     models::ModelOutput out;
     {
       auto autocast = acc.autocast();
-      out = impl.forward(on_device);
+      out = impl.run(on_device, num_items,
+                     args_.average_tokens_across_devices ? acc.num_processes() : 1);
     }
     int64_t n = on_device.begin()->second.size(0);
     // Samples that only padded the ranks to equal shares are not counted (gather_for_metrics).
@@ -723,7 +819,7 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
     };
     if (!loss_only) {
       if (out.logits.defined()) logits.push_back(gather(out.logits.detach().to(at::kFloat).cpu()));
-      auto label = on_device.find(args_.label_names ? args_.label_names->front() : "labels");
+      auto label = label_names.empty() ? on_device.end() : on_device.find(label_names.front());
       if (label != on_device.end()) labels.push_back(gather(label->second.cpu()));
     }
     impl.call(args_, state_,

@@ -52,6 +52,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("data_seed", a.data_seed),
       argument("dataloader_num_workers", a.dataloader_num_workers),
       argument("dataloader_drop_last", a.dataloader_drop_last),
+      argument("average_tokens_across_devices", a.average_tokens_across_devices),
       argument("optim", a.optim),
       argument("report_to", a.report_to),
       argument("resume_from_checkpoint", a.resume_from_checkpoint),
@@ -118,9 +119,6 @@ void TrainingArguments::validate() {
               dataloader_num_workers);
   TORCH_CHECK(warmup_steps >= 0, "Got warmup_steps = ", warmup_steps,
               ", Expected value warmup_steps >= 0");
-  TORCH_CHECK(!save_total_limit || *save_total_limit >= 1,
-              "TrainingArguments: save_total_limit must be >= 1 (or unset), got ",
-              *save_total_limit);
   TORCH_CHECK(max_steps > 0 || num_train_epochs > 0,
               "TrainingArguments: set num_train_epochs > 0 or max_steps > 0");
 
@@ -164,8 +162,9 @@ void TrainingArguments::validate() {
                   save_steps, ", which is not a multiple of ", *eval_steps, ".");
     }
   }
-  if ((load_best_model_at_end || save_strategy == "best") && !metric_for_best_model)
-    metric_for_best_model = "loss";
+  // Only load_best_model_at_end gets "loss" by default (save_strategy "best" without a metric
+  // is the Trainer's error, as HF's).
+  if (load_best_model_at_end && !metric_for_best_model) metric_for_best_model = "loss";
   if (metric_for_best_model && !greater_is_better)
     greater_is_better = !metric_for_best_model->ends_with("loss");  // HF's rule
 }

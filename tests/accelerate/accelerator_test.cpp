@@ -676,4 +676,22 @@ TEST(Accelerator, FreeMemoryKeepsRegisteredObjects) {
   std::filesystem::remove_all(dir);
 }
 
+// What a registered object rejects on load is an error naming its file.
+TEST(Accelerator, ARegisteredObjectsLoadErrorNamesItsFile) {
+  struct Rejecting : mixprec::accelerate::Checkpointable {
+    std::string state_dict() const override { return "{}"; }
+    void load_state_dict(const std::string&) override { throw std::invalid_argument("not mine"); }
+  };
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("mixprec_rejecting_" + std::to_string(getpid()));
+  Accelerator accelerator;
+  Rejecting rejecting;
+  accelerator.register_for_checkpointing(rejecting);
+  accelerator.save_state(dir.string());
+  const std::string error = error_of([&] { accelerator.load_state(dir.string()); });
+  EXPECT_NE(error.find((dir / "custom_checkpoint.json").string() + ": not mine"), std::string::npos)
+      << error;
+  std::filesystem::remove_all(dir);
+}
+
 }  // namespace

@@ -49,6 +49,13 @@ TEST(GradScaler, ScalesTensorsAndVectors) {
   ASSERT_EQ(scaled.size(), 2u);
   EXPECT_TRUE(torch::equal(scaled[1], torch::tensor(24.0f)));
   EXPECT_EQ(scaler.scale_tensor().scalar_type(), torch::kFloat);
+  // As PyTorch's list path: the scale is copied, so a new scale set before the backward does
+  // not change what the backward sees.
+  auto w = torch::tensor(1.0f, torch::requires_grad());
+  auto loss = scaler.scale(std::vector<torch::Tensor>{w * 2})[0];
+  scaler.update(1024.0);
+  loss.backward();
+  EXPECT_EQ(w.grad().item<float>(), 16.0f);
 }
 
 TEST(GradScaler, UnscalesAndSteps) {

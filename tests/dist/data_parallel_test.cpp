@@ -688,4 +688,74 @@ TEST_F(DataParallel, TrainerStopsEveryProcessOnASignalToOne) {
   if (accelerator.is_main_process()) std::filesystem::remove_all(args.output_dir);
 }
 
+// As HF's Trainer with average_tokens_across_devices: GPT-2's loss in data parallel is the sum
+// over the label tokens of both processes divided by their number, so an update weighs every
+// token of the global batch the same, as one process on that batch would. Without it, each
+// process divides by its own tokens: the mean of the processes' means.
+TEST_F(DataParallel, TrainerWeighsEveryTokenOfTheGlobalBatch) {
+  auto make_model = [] {
+    torch::manual_seed(0);
+    return mixprec::models::GPT2LMHeadModel(models_test::tiny_gpt2_config());
+  };
+  auto model = make_model();
+  const auto ids = torch::randint(0, 256, {8, 8});
+  const auto lengths = torch::tensor({2, 8, 3, 7, 2, 8, 4, 6}).unsqueeze(1);
+  const auto data =
+      std::make_shared<mixprec::data::TensorDataset>(std::map<std::string, at::Tensor>{
+          {"input_ids", ids}, {"labels", ids.masked_fill(torch::arange(8) >= lengths, -100)}});
+  // One process's first batch of 4 holds both processes' first batches of 2.
+  mixprec::data::DataLoader one_process(data, {.batch_size = 4, .shuffle = true, .seed = 42});
+  const auto global = *one_process.begin();
+  const auto loss = model->forward(global.at("input_ids"), global.at("labels")).loss;
+  loss.backward();
+  double norm_sq = 0;
+  for (auto& p : model->parameters()) norm_sq += p.grad().pow(2).sum().item<double>();
+  double mean_of_means = 0;
+  for (int64_t half : {0, 1}) {
+    const auto rows = torch::arange(2 * half, 2 * half + 2);
+    mean_of_means += model
+                         ->forward(global.at("input_ids").index_select(0, rows),
+                                   global.at("labels").index_select(0, rows))
+                         .loss.item<double>() /
+                     2;
+  }
+  ASSERT_GT(std::abs(mean_of_means - loss.item<double>()), 1e-3);
+
+  for (const bool across : {true, false}) {
+    SCOPED_TRACE(across ? "average_tokens_across_devices" : "each process's tokens");
+    mixprec::TrainingArguments args;
+    args.output_dir = shared_temp_dir(accelerator, "mixprec_dp_tokens_").string();
+    args.per_device_train_batch_size = 2;
+    args.max_steps = 1;
+    args.logging_steps = 1;
+    args.save_strategy = "no";
+    args.disable_tqdm = true;
+    args.average_tokens_across_devices = across;
+    args.per_device_eval_batch_size = 4;
+    auto trained = make_model();
+    mixprec::Trainer trainer(trained, args, data);
+    trainer.train();
+    const auto& logged = trainer.state().log_history.at(0);
+    const double expected = across ? loss.item<double>() : mean_of_means;
+    EXPECT_NEAR(logged.at("loss"), expected, 1e-5 * expected);
+    if (across) {
+      EXPECT_NEAR(logged.at("grad_norm"), std::sqrt(norm_sq), 1e-4 * std::sqrt(norm_sq));
+    }
+    // Evaluation as HF's prediction_step: one batch of 4 on each process, the loss over the
+    // tokens of all 8 sequences, or the mean of the two halves' means.
+    const double eval_loss = trainer.evaluate(data).at("eval_loss");
+    at::NoGradGuard no_grad;
+    auto loss_of = [&](int64_t from, int64_t to) {
+      return trained
+          ->forward(data->tensors().at("input_ids").slice(0, from, to),
+                    data->tensors().at("labels").slice(0, from, to))
+          .loss.item<double>();
+    };
+    const double expected_eval = across ? loss_of(0, 8) : (loss_of(0, 4) + loss_of(4, 8)) / 2;
+    EXPECT_NEAR(eval_loss, expected_eval, 1e-5 * expected_eval);
+    accelerator.wait_for_everyone();
+    if (accelerator.is_main_process()) std::filesystem::remove_all(args.output_dir);
+  }
+}
+
 }  // namespace

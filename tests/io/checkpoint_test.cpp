@@ -82,6 +82,35 @@ TEST(OptimizerState, UnsupportedOrMismatchedIsAClearError) {
       std::string::npos);
 }
 
+// As PyTorch's load_state_dict: every state is read before the optimizer changes. mixprec's
+// AdamW gets its step count back in float32, the dtype its steps make, on the CPU unless fused.
+TEST(OptimizerState, ABadStateLeavesTheOptimizerAsItWas) {
+  auto p = torch::ones({2}, torch::requires_grad()), q = torch::ones({3}, torch::requires_grad());
+  mixprec::optim::AdamW adamw({p, q}, mixprec::optim::AdamWOptions(0.1));
+  (p.sum() + q.sum()).backward();
+  adamw.step();
+  auto state_of = [&](const at::Tensor& t) -> const mixprec::optim::AdamWParamState& {
+    return static_cast<const mixprec::optim::AdamWParamState&>(
+        *adamw.state().at(t.unsafeGetTensorImpl()));
+  };
+  auto state = mixprec::io::optimizer_state(adamw);
+  state.tensors["state.0.step"] = torch::tensor(1.0, torch::kDouble);
+  mixprec::io::load_optimizer_state(adamw, state, "optimizer.json");
+  EXPECT_EQ(state_of(p).step().scalar_type(), torch::kFloat);
+  EXPECT_EQ(state_of(p).step().device(), torch::Device(torch::kCPU));
+  EXPECT_EQ(state_of(p).step().item<float>(), 1.0f);
+
+  const at::Tensor p_exp_avg = state_of(p).exp_avg();
+  state.tensors["state.1.exp_avg"] = torch::zeros({5});
+  state.groups_json = R"({"param_groups": [{"lr": 0.5, "params": 2}]})";
+  EXPECT_NE(error_of([&] { mixprec::io::load_optimizer_state(adamw, state, "optimizer.json"); })
+                .find("optimizer.json: optimizer state 'state.1.exp_avg' has shape [5], the "
+                      "parameter [3]"),
+            std::string::npos);
+  EXPECT_DOUBLE_EQ(adamw.param_groups()[0].options().get_lr(), 0.1);
+  EXPECT_TRUE(state_of(p).exp_avg().is_same(p_exp_avg));  // the first param's state untouched
+}
+
 TEST(CheckpointWriter, ReplacesAtomicallyAndCleansUp) {
   const auto root = fs::temp_directory_path() / ("mixprec_ckpt_" + std::to_string(getpid()));
   fs::remove_all(root);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 #include <torch/torch.h>
+#include <torch/version.h>
 
 #include <cstring>
 #include <filesystem>
@@ -41,11 +42,57 @@ class Safetensors : public ::testing::Test {
   fs::path dir_;
 };
 
+// The dtypes safetensors stores, by their names there.
+std::map<std::string, at::ScalarType> stored_dtypes() {
+  std::map<std::string, at::ScalarType> dtypes{{"F64", at::kDouble},
+                                               {"F32", at::kFloat},
+                                               {"F16", at::kHalf},
+                                               {"BF16", at::kBFloat16},
+                                               {"I64", at::kLong},
+                                               {"I32", at::kInt},
+                                               {"I16", at::kShort},
+                                               {"I8", at::kChar},
+                                               {"U8", at::kByte},
+                                               {"U16", at::kUInt16},
+                                               {"U32", at::kUInt32},
+                                               {"U64", at::kUInt64},
+                                               {"C64", at::kComplexFloat},
+                                               {"F8_E4M3", at::kFloat8_e4m3fn},
+                                               {"F8_E5M2", at::kFloat8_e5m2},
+                                               {"F8_E4M3FNUZ", at::kFloat8_e4m3fnuz},
+                                               {"F8_E5M2FNUZ", at::kFloat8_e5m2fnuz}};
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 7)
+  dtypes["F8_E8M0"] = at::kFloat8_e8m0fnu;
+#endif
+  return dtypes;
+}
+
+// The same dtype, shape and bytes (torch::equal does not take every dtype: uint32, float8).
+testing::AssertionResult same_bytes(const at::Tensor& a, const at::Tensor& b) {
+  if (a.scalar_type() != b.scalar_type() || a.sizes() != b.sizes())
+    return testing::AssertionFailure()
+           << a.scalar_type() << a.sizes() << " vs " << b.scalar_type() << b.sizes();
+  const at::Tensor ca = a.contiguous(), cb = b.contiguous();
+  if (std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) != 0)
+    return testing::AssertionFailure() << "different bytes";
+  return testing::AssertionSuccess();
+}
+
+// What tests/reference/safetensors_files.py writes.
+mixprec::io::TensorMap python_tensors() {
+  mixprec::io::TensorMap tensors;
+  const auto values = torch::arange(6).reshape({2, 3});
+  for (const auto& [name, type] : stored_dtypes()) tensors["t_" + name] = values.to(type);
+  tensors["t_BOOL"] = (values % 2).to(at::kBool);
+  tensors["scalar"] = torch::tensor(7.5);
+  tensors["empty"] = torch::zeros({0, 4});
+  return tensors;
+}
+
 TEST_F(Safetensors, RoundTripsEveryDtype) {
   mixprec::io::TensorMap tensors;
-  for (auto type : {at::kDouble, at::kFloat, at::kHalf, at::kBFloat16, at::kLong, at::kInt,
-                    at::kShort, at::kChar, at::kByte})
-    tensors[std::string("t_") + c10::toString(type)] = torch::randn({3, 5}).mul(10).to(type);
+  for (const auto& [name, type] : stored_dtypes())
+    tensors["t_" + name] = torch::rand({3, 5}).mul(10).to(type);
   tensors["bool"] = torch::rand({4}) > 0.5;
   tensors["scalar"] = torch::tensor(2.5);
   tensors["empty"] = torch::zeros({0, 7});
@@ -56,8 +103,7 @@ TEST_F(Safetensors, RoundTripsEveryDtype) {
   ASSERT_EQ(loaded.size(), tensors.size());
   for (const auto& [name, t] : tensors) {
     ASSERT_TRUE(loaded.count(name)) << name;
-    EXPECT_EQ(loaded.at(name).scalar_type(), t.scalar_type()) << name;
-    EXPECT_TRUE(torch::equal(loaded.at(name), t)) << name;
+    EXPECT_TRUE(same_bytes(loaded.at(name), t.contiguous())) << name;
   }
   EXPECT_EQ(metadata.at("step"), "12");
   for (const auto& entry : fs::directory_iterator(dir_))  // no temporary left behind
@@ -70,24 +116,18 @@ TEST_F(Safetensors, ReadsWhatPythonWrites) {
   std::map<std::string, std::string> metadata;
   const auto loaded = load_safetensors(file, &metadata);
   EXPECT_EQ(metadata.at("made_by"), "python");
-  const auto expected = torch::arange(6).reshape({2, 3});
-  for (const auto& [name, type] : std::map<std::string, at::ScalarType>{{"F64", at::kDouble},
-                                                                        {"F32", at::kFloat},
-                                                                        {"F16", at::kHalf},
-                                                                        {"BF16", at::kBFloat16},
-                                                                        {"I64", at::kLong},
-                                                                        {"I32", at::kInt},
-                                                                        {"I16", at::kShort},
-                                                                        {"I8", at::kChar},
-                                                                        {"U8", at::kByte}}) {
-    const auto& t = loaded.at("t_" + name);
-    EXPECT_EQ(t.scalar_type(), type) << name;
-    EXPECT_TRUE(torch::equal(t, expected.to(type))) << name;
-  }
-  EXPECT_TRUE(torch::equal(loaded.at("t_BOOL"), (expected % 2).to(at::kBool)));
-  EXPECT_EQ(loaded.at("scalar").dim(), 0);
-  EXPECT_EQ(loaded.at("scalar").item<float>(), 7.5f);
-  EXPECT_EQ(loaded.at("empty").sizes(), (std::vector<int64_t>{0, 4}));
+  const auto expected = python_tensors();
+  ASSERT_EQ(loaded.size(), expected.size());
+  for (const auto& [name, t] : expected) EXPECT_TRUE(same_bytes(loaded.at(name), t)) << name;
+}
+
+// The same tensors give the same file as Python's writer: the same order of the data (wider
+// dtypes first, so every tensor is aligned), the same header, the same padding.
+TEST_F(Safetensors, WritesTheBytesPythonWrites) {
+  const auto python = path("python.safetensors"), ours = path("ours.safetensors");
+  run_reference_script("safetensors_files.py write " + python.string());
+  save_safetensors(ours, python_tensors(), {{"made_by", "python"}});
+  EXPECT_EQ(mixprec::io::read_file(ours), mixprec::io::read_file(python));
 }
 
 TEST_F(Safetensors, PythonReadsWhatWeWrite) {
@@ -139,17 +179,49 @@ TEST_F(Safetensors, BadFilesAreClearErrors) {
   expect_error(craft(R"({"x": {"dtype": "F32", "shape": [2]}})", eight),
                "expected {dtype, shape, data_offsets}");
   expect_error(path("missing.safetensors"), "cannot open");
+  // The tensors must tile the data, as the reference reader requires: no gap, no overlap, no
+  // byte left over, no name twice (each would let a small file claim much memory, or hide data).
+  const std::string sixteen(16, '\0');
+  expect_error(craft(R"({"a": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                         "b": {"dtype": "F32", "shape": [1], "data_offsets": [8, 12]}})",
+                     std::string(12, '\0')),
+               "tensor 'b': data_offsets [8, 12] leave a gap after the data before it, which "
+               "ends at byte 4");
+  expect_error(craft(R"({"a": {"dtype": "F32", "shape": [2], "data_offsets": [0, 8]},
+                         "b": {"dtype": "F32", "shape": [2], "data_offsets": [4, 12]}})",
+                     std::string(12, '\0')),
+               "tensor 'b': data_offsets [4, 12] overlap another tensor's data, which ends at "
+               "byte 8");
+  expect_error(craft(f32, sixteen),
+               "the tensors' data ends at byte 8 of 16; the rest belongs "
+               "to no tensor");
+  expect_error(craft(R"({"x": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+                         "x": {"dtype": "F32", "shape": [1], "data_offsets": [4, 8]}})",
+                     eight),
+               "the header names 'x' twice");
+  expect_error(craft(R"({"__metadata__": {"step": 3}, "x": {"dtype": "F32", "shape": [2],
+                         "data_offsets": [0, 8]}})",
+                     eight),
+               "__metadata__ 'step' is not a string");
+  // As the reference reader: null metadata, and tensors in any order.
+  const auto loaded = load_safetensors(craft(R"({"__metadata__": null,
+      "b": {"dtype": "F32", "shape": [1], "data_offsets": [0, 4]},
+      "a": {"dtype": "F32", "shape": [0], "data_offsets": [4, 4]},
+      "c": {"dtype": "I32", "shape": [1], "data_offsets": [4, 8]}})",
+                                             eight));
+  EXPECT_EQ(loaded.size(), 3u);
 }
 
 TEST_F(Safetensors, ATruncatedFileIsAClearError) {
   const auto file = path("whole.safetensors");
   save_safetensors(file, {{"a", torch::ones({4})}, {"b", torch::ones({8}, torch::kDouble)}});
   const std::string bytes = mixprec::io::read_file(file);
-  // Cut inside the data: the last tensor's offsets now run past the end.
+  // Cut inside the data: the last tensor's offsets now run past the end ('b', an F64, comes
+  // first, as in Python's writer).
   const std::string cut = bytes.substr(0, bytes.size() - 10);
   EXPECT_NE(error_of([&] {
               mixprec::io::parse_safetensors(cut, "cut.safetensors");
-            }).find("cut.safetensors: tensor 'b': data_offsets [16, 80] lie outside the data"),
+            }).find("cut.safetensors: tensor 'a': data_offsets [64, 80] lie outside the data"),
             std::string::npos);
   // Cut inside the header: the header length runs past the end.
   EXPECT_NE(error_of([&] {
@@ -164,7 +236,7 @@ TEST_F(Safetensors, AFailedWriteLeavesTheOldFile) {
   save_safetensors(file, {{"x", torch::ones({2})}});
   // A tensor that cannot be stored fails before anything is written.
   EXPECT_NE(error_of([&] {
-              save_safetensors(file, {{"x", torch::ones({2}, torch::kComplexFloat)}});
+              save_safetensors(file, {{"x", torch::ones({2}, torch::kComplexDouble)}});
             }).find("cannot be stored in safetensors"),
             std::string::npos);
   EXPECT_TRUE(torch::equal(load_safetensors(file).at("x"), torch::ones({2})));

@@ -1,6 +1,7 @@
 // The Trainer against transformers' Trainer (tests/reference/trainer_reference.py):
 // the same task, initial weights, arguments and batch order, so every logged
 // value and the final metrics can be compared.
+#include "mixprec/models/gpt2.h"
 #include "mixprec/models/mlp_classifier.h"
 #include "mixprec/train/trainer.h"
 
@@ -154,6 +155,86 @@ TEST(TrainerReference, AccumulationStepsAndCheckpointsMatchTransformersTrainer) 
     a.metric_for_best_model = "accuracy";
     a.max_grad_norm = 0;
   });
+}
+
+// The tiny GPT-2 on sequences padded with -100 labels, in accumulation windows of 2, 2 and 1
+// batches (trainer_reference.py's "gpt2"): as HF's for a causal LM, the loss of a window is the
+// sum over its label tokens divided by their number (num_items_in_batch), not the mean of its
+// batches' means.
+TEST(TrainerReference, Gpt2AccumulationWeighsEveryTokenAsTransformersTrainer) {
+  const json hf = mixprec::testing::load_reference("trainer_reference.json").at("gpt2");
+  const fs::path tiny = fs::path(MIXPREC_REFERENCE_DIR) / "gpt2_tiny";
+  auto config = mixprec::models::GPT2Config::from_json_file(tiny / "config.json");
+  config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0;
+  mixprec::models::GPT2LMHeadModel model(config);
+  {
+    torch::NoGradGuard no_grad;
+    const auto pretrained = mixprec::models::GPT2LMHeadModel::from_pretrained(tiny);
+    const auto weights = pretrained->named_parameters();
+    for (auto& param : model->named_parameters()) param.value().copy_(weights[param.key()]);
+  }
+  auto ids = [&](const char* key) {
+    std::vector<int64_t> flat;
+    for (const auto& row : hf.at(key))
+      for (int64_t v : row) flat.push_back(v);
+    return torch::tensor(flat).reshape({static_cast<int64_t>(hf.at(key).size()), -1});
+  };
+  const auto data =
+      std::make_shared<mixprec::data::TensorDataset>(std::map<std::string, at::Tensor>{
+          {"input_ids", ids("input_ids")}, {"labels", ids("labels")}});
+
+  torch::set_num_threads(1);
+  const auto out = fs::temp_directory_path() / ("mixprec_hf_gpt2_" + std::to_string(getpid()));
+  mixprec::TrainingArguments args;
+  args.output_dir = out.string();
+  args.use_cpu = true;
+  args.per_device_train_batch_size = 2;
+  args.gradient_accumulation_steps = 2;
+  args.per_device_eval_batch_size = 4;
+  args.num_train_epochs = 2;
+  args.learning_rate = 1e-2;
+  args.lr_scheduler_type = "constant";
+  args.logging_strategy = "steps";
+  args.logging_steps = 1;
+  args.eval_strategy = "no";
+  args.save_strategy = "no";
+  args.disable_tqdm = true;
+  mixprec::Trainer trainer(model, args, data);
+  const auto result = trainer.train();
+  const double eval_loss = trainer.evaluate(data).at("eval_loss");
+  fs::remove_all(out);
+
+  EXPECT_EQ(result.global_step, hf.at("global_step").get<int64_t>());
+  expect_near_rel(result.training_loss, hf.at("train_loss"), 1e-4, "train_loss");
+  expect_near_rel(eval_loss, hf.at("eval_loss"), 1e-4, "eval_loss");
+  const auto& log = trainer.state().log_history;
+  size_t compared = 0;
+  for (const auto& hf_entry : hf.at("log_history")) {
+    auto ours = std::find_if(log.begin(), log.end(), [&](const auto& e) {
+      return e.count("loss") && e.at("epoch") == hf_entry.at("epoch").get<double>();
+    });
+    ASSERT_NE(ours, log.end()) << "no entry like " << hf_entry.dump();
+    for (const char* key : {"loss", "grad_norm"}) {
+      expect_near_rel(ours->at(key), hf_entry.at(key), 1e-4,
+                      key + (" at epoch " + std::to_string(ours->at("epoch"))));
+      ++compared;
+    }
+  }
+  EXPECT_EQ(compared, 2 * 6u);  // 3 updates an epoch
+  for (const auto& param : model->named_parameters()) {
+    const auto& sums = hf.at("param_sums").at(param.key());
+    auto value = param.value().detach().to(at::kDouble);
+    // Without the key bias, as the reference: its gradient is rounding noise (softmax ignores
+    // a constant added to every score), which Adam turns into steps of lr either way.
+    if (param.key().ends_with("c_attn.bias")) {
+      const auto qkv = value.chunk(3);
+      value = torch::cat({qkv[0], qkv[2]});
+    }
+    const double sum_sq = sums[1].get<double>();
+    EXPECT_NEAR(value.sum().item<double>(), sums[0].get<double>(), 1e-4 * std::sqrt(sum_sq))
+        << param.key();
+    expect_near_rel(value.pow(2).sum().item<double>(), sum_sq, 1e-4, param.key());
+  }
 }
 
 }  // namespace

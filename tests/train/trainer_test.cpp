@@ -12,11 +12,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <random>
 #include <set>
+#include <utility>
 
 namespace {
 
@@ -430,6 +433,7 @@ TEST_F(TrainerTest, RotationKeepsTheBestAndLoadsItAtTheEnd) {
 
 struct Recorder : mixprec::train::TrainerCallback {
   std::vector<std::string> events;
+  std::function<void()> at_first_epoch_end;
   void on_train_begin(const TrainingArguments&, mixprec::train::TrainerState&,
                       mixprec::train::TrainerControl&) override {
     events.push_back("train_begin");
@@ -437,6 +441,11 @@ struct Recorder : mixprec::train::TrainerCallback {
   void on_epoch_end(const TrainingArguments&, mixprec::train::TrainerState&,
                     mixprec::train::TrainerControl&) override {
     events.push_back("epoch_end");
+    if (at_first_epoch_end) std::exchange(at_first_epoch_end, nullptr)();
+  }
+  void on_predict(const TrainingArguments&, mixprec::train::TrainerState&,
+                  mixprec::train::TrainerControl&, const Metrics&) override {
+    events.push_back("predict");
   }
   void on_evaluate(const TrainingArguments&, mixprec::train::TrainerState&,
                    mixprec::train::TrainerControl&, const Metrics&) override {
@@ -462,10 +471,11 @@ TEST_F(TrainerTest, CallbacksSeeEventsAndCanStopTraining) {
   torch::manual_seed(0);
   Classifier model;
   Trainer trainer(model, a, train_, eval_, accuracy, {recorder});
+  recorder->at_first_epoch_end = [&] { trainer.predict(eval_); };  // on_predict, in training too
   EXPECT_EQ(trainer.train().global_step, 13);
   EXPECT_EQ(recorder->events,
-            (std::vector<std::string>{"train_begin", "epoch_end", "evaluate", "save", "epoch_end",
-                                      "evaluate", "save", "train_end"}));
+            (std::vector<std::string>{"train_begin", "epoch_end", "predict", "evaluate", "save",
+                                      "epoch_end", "evaluate", "save", "train_end"}));
 }
 
 TEST_F(TrainerTest, EarlyStoppingStopsWhenTheMetricStalls) {
@@ -571,6 +581,19 @@ TEST_F(TrainerTest, SaveTotalLimitOneKeepsTheNewestAndTheBestThenOnlyTheBest) {
   EXPECT_EQ(checkpoint_names(a.output_dir), Names{"checkpoint-10"});
 }
 
+// As HF's rotation: a limit of 0 keeps every checkpoint.
+TEST_F(TrainerTest, SaveTotalLimitZeroKeepsEveryCheckpoint) {
+  auto a = args("limit_zero");
+  a.num_train_epochs = 3;
+  a.eval_strategy = "no";
+  a.save_total_limit = 0;
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer(model, a, train_, eval_, accuracy).train();
+  EXPECT_EQ(checkpoint_names(a.output_dir),
+            (std::vector<std::string>{"checkpoint-10", "checkpoint-20", "checkpoint-30"}));
+}
+
 // save_strategy "epoch" and max_steps in the middle of an epoch: one save at the stop (not
 // one at the step and another at the epoch's end), whose data position is that step, so a
 // longer run resumed from it trains on the rest of that epoch.
@@ -591,7 +614,7 @@ TEST_F(TrainerTest, EpochSaveAtAStopMidEpochKeepsItsPosition) {
   EXPECT_EQ(saves->steps, (std::vector<int64_t>{10, 15}));
   const auto position = json::parse(
       mixprec::io::read_file(fs::path(a.output_dir) / "checkpoint-15" / "custom_checkpoint.json"));
-  EXPECT_EQ(position, json({{"epoch", 1}, {"batches_yielded", 5}}));
+  EXPECT_EQ(position, json({{"epoch", 1}, {"batches_yielded", 5}, {"global_batch", 16}}));
   a.max_steps = 20;
   a.resume_from_checkpoint = (fs::path(a.output_dir) / "checkpoint-15").string();
   Trainer resumed(model, a, train_, eval_, accuracy);
@@ -599,6 +622,18 @@ TEST_F(TrainerTest, EpochSaveAtAStopMidEpochKeepsItsPosition) {
   EXPECT_EQ(resumed.state().global_step, 20);
   EXPECT_EQ(resumed.state().max_steps, 20);  // this run's, not the checkpoint's 15
   EXPECT_DOUBLE_EQ(resumed.state().epoch, 2.0);
+  // Resumed with another batch, the position counts other samples: a warning says so.
+  a.per_device_train_batch_size = 8;
+  a.max_steps = 16;
+  mixprec::testing::CapturedWarnings warnings;
+  Trainer(model, a, train_, eval_, accuracy).train();
+  EXPECT_EQ(std::count_if(warnings.messages.begin(), warnings.messages.end(),
+                          [](const std::string& m) {
+                            return m.find(
+                                       "stopped mid-epoch with a batch of 16 samples on all "
+                                       "processes together; this run's is 8") != std::string::npos;
+                          }),
+            1);
 }
 
 // The metrics as HF returns them: with the epoch, and keys that already carry the prefix kept.
@@ -668,6 +703,24 @@ TEST_F(TrainerTest, FullEvalRunsTheModelIn16Bits) {
     EXPECT_TRUE(torch::allclose(out.predictions, fp32, 0.05, 0.05))
         << (out.predictions - fp32).abs().max().item<double>();
   }
+  // The inputs go 16-bit; what label_names names keeps its dtype (the loss compares with it).
+  auto a = args("full_eval_labels");
+  a.bf16_full_eval = true;
+  a.label_names = std::vector<std::string>{"labels", "targets"};
+  Classifier model;
+  std::set<std::pair<std::string, at::ScalarType>> seen;
+  auto forward = [&](const mixprec::data::Batch& batch) {
+    for (const auto& [key, t] : batch) seen.emplace(key, t.scalar_type());
+    return model->forward(batch);
+  };
+  auto with_targets = [](const std::vector<mixprec::data::Example>& examples) {
+    auto batch = mixprec::data::collate(examples);
+    batch["targets"] = torch::rand({static_cast<int64_t>(examples.size())});
+    return batch;
+  };
+  Trainer(model.ptr(), forward, a, train_, eval_, accuracy, {}, with_targets).evaluate();
+  EXPECT_EQ(seen, (std::set<std::pair<std::string, at::ScalarType>>{
+                      {"x", at::kBFloat16}, {"labels", at::kLong}, {"targets", at::kFloat}}));
 }
 
 TEST_F(TrainerTest, ClearErrors) {

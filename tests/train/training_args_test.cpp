@@ -100,6 +100,10 @@ TEST(TrainingArguments, DependentDefaults) {
   nll.metric_for_best_model = "eval_nll_loss";
   nll.validate();
   EXPECT_EQ(nll.greater_is_better, false);
+  TrainingArguments best;  // as HF's: "best" names no metric by default
+  best.save_strategy = "best";
+  best.validate();
+  EXPECT_FALSE(best.metric_for_best_model);
 }
 
 TEST(TrainingArguments, ClearErrors) {

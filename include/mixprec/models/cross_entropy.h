@@ -2,6 +2,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <cstdint>
+#include <optional>
+
 namespace mixprec::models {
 
 /// Mean cross-entropy of `logits` (N, C) against class indices `targets` (N), rows whose target
@@ -17,7 +20,12 @@ namespace mixprec::models {
 /// zero-filled gradient and a log-softmax backward; HF's adds the fp32 copy and its cast back.
 /// Elsewhere, LibTorch's ops (log-softmax, then a fused softmax-minus-one-hot backward).
 /// Targets other than `ignore_index` must be in [0, C). Differentiable once.
+///
+/// With `num_items` (HF's `num_items_in_batch`), the loss is the sum over the rows that count
+/// divided by `num_items` instead of their number, as HF's causal-LM loss: the Trainer passes
+/// the label tokens of a whole accumulation window, so that every token weighs the same.
 at::Tensor cross_entropy(const at::Tensor& logits, const at::Tensor& targets,
-                         int64_t ignore_index = -100);
+                         int64_t ignore_index = -100,
+                         std::optional<int64_t> num_items = std::nullopt);
 
 }  // namespace mixprec::models

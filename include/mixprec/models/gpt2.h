@@ -127,8 +127,11 @@ class GPT2LMHeadModelImpl : public torch::nn::Module, public SupportsActivationC
   explicit GPT2LMHeadModelImpl(GPT2Config config);
 
   /// input_ids (B, T) int64, T <= n_positions; labels (B, T) int64 or undefined. With labels,
-  /// the loss is HF's: logits in fp32, predict labels[:, t + 1] from position t, ignore -100.
-  ModelOutput forward(const torch::Tensor& input_ids, const torch::Tensor& labels = {});
+  /// the loss is HF's: logits in fp32, predict labels[:, t + 1] from position t, ignore -100;
+  /// their mean, or with `num_items_in_batch` (HF's loss kwarg, which the Trainer passes) their
+  /// sum divided by it.
+  ModelOutput forward(const torch::Tensor& input_ids, const torch::Tensor& labels = {},
+                      std::optional<int64_t> num_items_in_batch = std::nullopt);
 
   /// Appends `max_new_tokens` tokens to input_ids (B, T) -> (B, T + max_new_tokens), without
   /// gradients. Dropout follows the module's mode, as in HF: call eval() first.

@@ -43,6 +43,10 @@ struct PredictionOutput {
 /// takes the batch gets it; otherwise `forward(input_ids, labels)` (HF's
 /// contract, e.g. GPT2LMHeadModel).
 using BatchForward = std::function<models::ModelOutput(const data::Batch&)>;
+/// A causal LM's forward with HF's `num_items_in_batch`: the label tokens (labels[..., 1:] other
+/// than -100) of the whole accumulation window, for a loss that is their sum divided by it.
+using NumItemsForward =
+    std::function<models::ModelOutput(const data::Batch&, int64_t num_items_in_batch)>;
 
 template <typename M>
 BatchForward forward_on_batches(M model) {
@@ -86,13 +90,31 @@ class Trainer {
           data::CollateFn data_collator = {})
       : Trainer(module_of(model), forward_on_batches(model), std::move(args),
                 std::move(train_dataset), std::move(eval_dataset), std::move(compute_metrics),
-                std::move(callbacks), std::move(data_collator)) {}
+                std::move(callbacks), std::move(data_collator)) {
+    // As HF's Trainer for a model whose forward takes loss kwargs (GPT2LMHeadModel's
+    // **kwargs): every label token of an accumulation window weighs the same in the update,
+    // whichever micro-batch holds it.
+    if constexpr (
+        !requires(const data::Batch& b) { model->forward(b); } &&
+        requires(const at::Tensor& t, std::optional<int64_t> n) {
+          { model->forward(t, t, n) } -> std::convertible_to<models::ModelOutput>;
+        }) {
+      set_num_items_forward([model](const data::Batch& b, int64_t num_items) mutable {
+        return model->forward(b.at("input_ids"), b.at("labels"), num_items);
+      });
+    }
+  }
 
   Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward, TrainingArguments args,
           data::DatasetPtr train_dataset, data::DatasetPtr eval_dataset,
           ComputeMetrics compute_metrics, std::vector<std::shared_ptr<TrainerCallback>> callbacks,
           data::CollateFn data_collator);
   ~Trainer();
+
+  /// Runs the model through `forward` with HF's num_items_in_batch (a causal LM's label tokens
+  /// of an accumulation window), as the constructor from a model does for a model whose
+  /// `forward(input_ids, labels, std::optional<int64_t> num_items_in_batch)` takes it (GPT-2).
+  void set_num_items_forward(NumItemsForward forward);
 
   /// Trains; `resume_from_checkpoint` (or args.resume_from_checkpoint) is a
   /// checkpoint folder to continue from exactly where it was saved, or "last":

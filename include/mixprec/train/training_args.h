@@ -59,7 +59,7 @@ struct TrainingArguments {
   bool logging_nan_inf_filter = true;
   std::string save_strategy = "steps";  // "no" | "steps" | "epoch" | "best"
   double save_steps = 500;
-  std::optional<int64_t> save_total_limit = std::nullopt;
+  std::optional<int64_t> save_total_limit = std::nullopt;  // 0 or below: no limit, as HF's
   bool load_best_model_at_end = false;
   /// "loss" when load_best_model_at_end is set; "eval_" is prefixed if missing.
   std::optional<std::string> metric_for_best_model = std::nullopt;
@@ -70,6 +70,9 @@ struct TrainingArguments {
   std::optional<int64_t> data_seed = std::nullopt;
   int64_t dataloader_num_workers = 0;
   bool dataloader_drop_last = false;
+  /// For a model that takes HF's num_items_in_batch (a causal LM such as GPT-2): count the label
+  /// tokens of an accumulation window on all processes, not on this one only.
+  bool average_tokens_across_devices = true;
   std::string optim = "adamw_torch_fused";  // "adamw_torch" | "adamw_torch_fused" | "sgd"
   /// "tensorboard", "jsonl", "all" or "none"; validate() leaves the trackers to use.
   std::vector<std::string> report_to = {"none"};
