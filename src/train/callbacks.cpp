@@ -23,11 +23,13 @@ bool is_int64(double value) {
   return std::isfinite(value) && std::floor(value) == value && value >= -0x1p63 && value < 0x1p63;
 }
 
-// Logs hold doubles; HF writes step counts as integers.
+// Logs hold doubles; HF writes step and token counts as integers.
 json log_entry(const Metrics& entry) {
   json out = json::object();
   for (const auto& [key, value] : entry) {
-    if ((key == "step" || key.ends_with("_steps") || key == "total_flos") && is_int64(value))
+    if ((key == "step" || key.ends_with("_steps") || key == "total_flos" ||
+         key == "num_input_tokens_seen") &&
+        is_int64(value))
       out[key] = static_cast<int64_t>(value);
     else if (std::isfinite(value))
       out[key] = value;

@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/sgd.h>
 #include <nlohmann/json.hpp>
@@ -60,6 +61,18 @@ std::optional<int64_t> count_label_tokens(std::span<const data::Batch> batches,
   }
   if (across_processes && acc.num_processes() > 1)
     count = acc.reduce(at::full({1}, count, at::kLong), "sum").item<int64_t>();
+  return count;
+}
+
+// HF's num_parameters(exclude_embeddings=True): each parameter once, embedding tables left out.
+int64_t non_embedding_parameters(torch::nn::Module& module) {
+  std::set<const c10::TensorImpl*> left_out;
+  for (const auto& m : module.modules())
+    if (const auto* embedding = m->as<torch::nn::EmbeddingImpl>())
+      left_out.insert(embedding->weight.unsafeGetTensorImpl());
+  int64_t count = 0;
+  for (const auto& p : module.parameters())
+    if (left_out.insert(p.unsafeGetTensorImpl()).second) count += p.numel();
   return count;
 }
 
@@ -148,7 +161,8 @@ struct Trainer::Impl {
   data::CollateFn collate;
   TrainerControl control;
   bool in_train = false;
-  DataPosition position;  // registered for checkpointing once, by the constructor
+  double current_flos = 0;  // this process's, since they were last added to state.total_flos
+  DataPosition position;    // registered for checkpointing once, by the constructor
   bool trackers_open = false;
 
   // The dtype of the first 16-bit parameter, if any. A model whose parameters
@@ -408,6 +422,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   progress.update(state_.global_step);
   const auto start = std::chrono::steady_clock::now();
   const int64_t start_step = state_.global_step;
+  const int64_t start_tokens = state_.num_input_tokens_seen;
+  // HF's floating_point_ops for a batch with input_ids: 6 x its tokens x these parameters.
+  const int64_t flos_parameters = non_embedding_parameters(*impl.module);
+  impl.current_flos = 0;
   at::Tensor loss_since_log = at::zeros({});
   int64_t last_logged_step = state_.global_step;
   double total_loss = 0;
@@ -431,6 +449,12 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       last_logged_step = state_.global_step;
       Metrics logs{{"loss", loss}, {"learning_rate", last_step_lr}};
       if (!std::isnan(last_grad_norm)) logs["grad_norm"] = last_grad_norm;
+      if (args_.include_num_input_tokens_seen != "no") {  // HF's speed_metrics with num_tokens
+        logs["train_runtime"] = seconds_since(start);
+        logs["train_tokens_per_second"] =
+            static_cast<double>(state_.num_input_tokens_seen - start_tokens) /
+            logs["train_runtime"];
+      }
       if (acc.scaler()) {
         logs["loss_scale"] = acc.scaler()->get_scale();
         logs["skipped_steps"] = static_cast<double>(skipped_since_log);
@@ -498,6 +522,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                 : std::nullopt;
       }
       const data::Batch batch = std::move(window_batches[next_in_window++]);
+      count_tokens_and_flos(batch, flos_parameters);
       acc.gradient_state().sync_gradients = step_in_epoch + 1 == window_start + window;
       const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype, label_names);
       impl.module->train();
@@ -628,6 +653,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   const int64_t trained = state_.global_step - start_step;
   const double runtime = seconds_since(start);
   const double train_loss = trained > 0 ? total_loss / static_cast<double>(trained) : 0.0;
+  store_flos();
   // HF's count: the schedule's samples (the dataset's epochs, or max_steps whole batches),
   // in the share of its steps run in this call.
   const double schedule_samples =
@@ -668,6 +694,7 @@ void Trainer::save_checkpoint() {
       fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step));
   if (args_.metric_for_best_model && state_.best_global_step == state_.global_step)
     state_.best_model_checkpoint = dir.string();
+  store_flos();
   acc.save_state(dir.string(), {{"trainer_state.json", state_.to_json()},
                                 {"training_args.json", args_.to_json()}});
   // As HF's _rotate_checkpoints: a limit of 0 or below keeps every checkpoint.
@@ -727,9 +754,49 @@ std::vector<std::string> Trainer::get_decay_parameter_names() const {
 
 void Trainer::log(Metrics logs) { log_in_place(logs); }
 
+// HF's _track_num_input_tokens (all processes' tokens) and floating_point_ops, for one batch.
+void Trainer::count_tokens_and_flos(const data::Batch& batch, int64_t flos_parameters) {
+  auto& acc = *accelerator_;
+  const auto ids = batch.find("input_ids");  // HF's main_input_name
+  if (ids != batch.end())
+    impl_->current_flos +=
+        6.0 * static_cast<double>(ids->second.numel()) * static_cast<double>(flos_parameters);
+  if (args_.include_num_input_tokens_seen == "no") return;
+  if (ids == batch.end()) {
+    TORCH_WARN_ONCE(
+        "Trainer: include_num_input_tokens_seen counts input_ids, which the batches "
+        "do not hold; no tokens are counted");
+    return;
+  }
+  const auto mask = batch.find("attention_mask");
+  if (args_.include_num_input_tokens_seen == "non_padding" && mask == batch.end()) {
+    TORCH_WARN_ONCE(
+        "Trainer: include_num_input_tokens_seen \"non_padding\" counts "
+        "attention_mask's ones, which the batches do not hold; counting every token");
+  }
+  int64_t tokens = args_.include_num_input_tokens_seen == "non_padding" && mask != batch.end()
+                       ? mask->second.sum().item<int64_t>()
+                       : ids->second.numel();
+  if (acc.num_processes() > 1)
+    tokens = acc.reduce(at::full({1}, tokens, at::kLong), "sum").item<int64_t>();
+  state_.num_input_tokens_seen += tokens;
+}
+
+// HF's store_flos: every process's operations since the last call, into the state.
+void Trainer::store_flos() {
+  auto& acc = *accelerator_;
+  state_.total_flos +=
+      acc.num_processes() > 1
+          ? acc.reduce(at::full({1}, impl_->current_flos, at::kDouble), "sum").item<double>()
+          : impl_->current_flos;
+  impl_->current_flos = 0;
+}
+
 // As HF's log(), which adds the epoch to the caller's dict: evaluate() and train() return it.
 void Trainer::log_in_place(Metrics& logs) {
   logs["epoch"] = state_.epoch;
+  if (args_.include_num_input_tokens_seen != "no")
+    logs["num_input_tokens_seen"] = static_cast<double>(state_.num_input_tokens_seen);
   Metrics entry = logs;
   entry["step"] = static_cast<double>(state_.global_step);
   state_.log_history.push_back(entry);

@@ -11,6 +11,23 @@
 
 namespace mixprec::train {
 
+namespace {
+
+// Text, or as HF's a boolean: true is "all", false "no".
+detail::Argument include_num_input_tokens_seen(TrainingArguments& a) {
+  auto arg = detail::argument("include_num_input_tokens_seen", a.include_num_input_tokens_seen);
+  arg.type = "\"no\", \"all\", \"non_padding\" or a boolean";
+  arg.assign = [&a, text = arg.assign](const nlohmann::json& v, const std::string& prefix) {
+    if (v.is_boolean())
+      a.include_num_input_tokens_seen = v.get<bool>() ? "all" : "no";
+    else
+      text(v, prefix);
+  };
+  return arg;
+}
+
+}  // namespace
+
 // Every field, by name: one list drives JSON, YAML, the command line, help
 // and training_args.json.
 std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
@@ -53,6 +70,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("dataloader_num_workers", a.dataloader_num_workers),
       argument("dataloader_drop_last", a.dataloader_drop_last),
       argument("average_tokens_across_devices", a.average_tokens_across_devices),
+      include_num_input_tokens_seen(a),
       argument("optim", a.optim),
       argument("report_to", a.report_to),
       argument("resume_from_checkpoint", a.resume_from_checkpoint),
@@ -104,6 +122,11 @@ void TrainingArguments::validate() {
       trackers.push_back(r);
   }
   report_to = trackers;
+  if (include_num_input_tokens_seen == "true" || include_num_input_tokens_seen == "false")
+    include_num_input_tokens_seen = include_num_input_tokens_seen == "true" ? "all" : "no";
+  TORCH_CHECK(one_of(include_num_input_tokens_seen, {"no", "all", "non_padding"}),
+              "TrainingArguments: include_num_input_tokens_seen '", include_num_input_tokens_seen,
+              "' is not one of \"no\", \"all\", \"non_padding\" or a boolean");
   TORCH_CHECK(!(fp16 && bf16), "At most one of fp16 and bf16 can be True, but not both");
   TORCH_CHECK(!(fp16_full_eval && bf16_full_eval),
               "At most one of fp16 and bf16 can be True for full eval, but not both");

@@ -732,9 +732,16 @@ TEST_F(DataParallel, TrainerWeighsEveryTokenOfTheGlobalBatch) {
     args.disable_tqdm = true;
     args.average_tokens_across_devices = across;
     args.per_device_eval_batch_size = 4;
+    args.include_num_input_tokens_seen = "all";
     auto trained = make_model();
     mixprec::Trainer trainer(trained, args, data);
     trainer.train();
+    // Both processes' tokens (4 sequences of 8), and 6 x those x the non-embedding parameters.
+    EXPECT_EQ(trainer.state().num_input_tokens_seen, 32);
+    const auto& transformer = trained->transformer;
+    const int64_t non_embedding = flat_params(*trained).numel() - transformer->wte->weight.numel() -
+                                  transformer->wpe->weight.numel();
+    EXPECT_EQ(trainer.state().total_flos, 6.0 * 32 * static_cast<double>(non_embedding));
     const auto& logged = trainer.state().log_history.at(0);
     const double expected = across ? loss.item<double>() : mean_of_means;
     EXPECT_NEAR(logged.at("loss"), expected, 1e-5 * expected);

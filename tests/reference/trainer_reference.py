@@ -10,7 +10,8 @@ sequences whose labels end in -100 padding after a random length, in
 accumulation windows of 2, 2 and 1 batches. Its forward takes **kwargs, so HF
 passes num_items_in_batch (the window's label tokens) and every token weighs
 the same in an update, whichever batch holds it; also the eval loss of a batch
-with num_items_in_batch (the eval set is the train set here).
+with num_items_in_batch (the eval set is the train set here), the tokens seen
+(include_num_input_tokens_seen) and total_flos.
 
 The HF Trainer draws the training order from Accelerate's SeedableRandomSampler
 (randperm seeded with seed + epoch), which is the order of mixprec's loader, so
@@ -164,19 +165,21 @@ def run_gpt2():
             learning_rate=1e-2,
             weight_decay=0.0, lr_scheduler_type="constant", logging_strategy="steps",
             logging_steps=1, eval_strategy="no", save_strategy="no", report_to="none",
-            disable_tqdm=True)
+            include_num_input_tokens_seen=True, disable_tqdm=True)
         trainer = Trainer(model=model, args=args, train_dataset=Sequences())
         assert trainer.model_accepts_loss_kwargs and trainer._loss_shifts_labels
         with contextlib.redirect_stdout(sys.stderr):
             result = trainer.train()
             eval_loss = trainer.evaluate(Sequences())["eval_loss"]
-    keep = ("epoch", "loss", "grad_norm")
+    keep = ("epoch", "loss", "grad_norm", "num_input_tokens_seen")
     return {
         "input_ids": input_ids.tolist(), "labels": labels.tolist(),
         "log_history": [{k: float(v) for k, v in entry.items() if k in keep}
                         for entry in trainer.state.log_history if "loss" in entry],
         "train_loss": result.training_loss,
         "eval_loss": eval_loss,
+        "total_flos": trainer.state.total_flos,
+        "num_input_tokens_seen": trainer.state.num_input_tokens_seen,
         "global_step": result.global_step,
         # Sums and sums of squares of every parameter: enough to see each one moved as HF's.
         "param_sums": {k: [float(v.double().sum()), float(v.double().pow(2).sum())]

@@ -198,6 +198,7 @@ TEST(TrainerReference, Gpt2AccumulationWeighsEveryTokenAsTransformersTrainer) {
   args.logging_steps = 1;
   args.eval_strategy = "no";
   args.save_strategy = "no";
+  args.include_num_input_tokens_seen = "all";
   args.disable_tqdm = true;
   mixprec::Trainer trainer(model, args, data);
   const auto result = trainer.train();
@@ -207,6 +208,9 @@ TEST(TrainerReference, Gpt2AccumulationWeighsEveryTokenAsTransformersTrainer) {
   EXPECT_EQ(result.global_step, hf.at("global_step").get<int64_t>());
   expect_near_rel(result.training_loss, hf.at("train_loss"), 1e-4, "train_loss");
   expect_near_rel(eval_loss, hf.at("eval_loss"), 1e-4, "eval_loss");
+  // 6 x tokens x non-embedding parameters, as HF's floating_point_ops; the tokens trained on.
+  EXPECT_EQ(trainer.state().total_flos, hf.at("total_flos").get<double>());
+  EXPECT_EQ(trainer.state().num_input_tokens_seen, hf.at("num_input_tokens_seen").get<int64_t>());
   const auto& log = trainer.state().log_history;
   size_t compared = 0;
   for (const auto& hf_entry : hf.at("log_history")) {
@@ -219,6 +223,8 @@ TEST(TrainerReference, Gpt2AccumulationWeighsEveryTokenAsTransformersTrainer) {
                       key + (" at epoch " + std::to_string(ours->at("epoch"))));
       ++compared;
     }
+    EXPECT_EQ(ours->at("num_input_tokens_seen"), hf_entry.at("num_input_tokens_seen"));
+    EXPECT_TRUE(ours->count("train_tokens_per_second"));
   }
   EXPECT_EQ(compared, 2 * 6u);  // 3 updates an epoch
   for (const auto& param : model->named_parameters()) {

@@ -100,6 +100,18 @@ TEST(TrainingArguments, DependentDefaults) {
   nll.metric_for_best_model = "eval_nll_loss";
   nll.validate();
   EXPECT_EQ(nll.greater_is_better, false);
+  // As HF's: a boolean is "all" or "no"; anything else than the three names is an error.
+  EXPECT_EQ(TrainingArguments::from_json(R"({"include_num_input_tokens_seen": true})")
+                .include_num_input_tokens_seen,
+            "all");
+  EXPECT_EQ(TrainingArguments::parse_args({"--include_num_input_tokens_seen", "false"})
+                .include_num_input_tokens_seen,
+            "no");
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::from_json(R"({"include_num_input_tokens_seen": "some"})");
+            }),
+            "TrainingArguments: include_num_input_tokens_seen 'some' is not one of \"no\", "
+            "\"all\", \"non_padding\" or a boolean");
   TrainingArguments best;  // as HF's: "best" names no metric by default
   best.save_strategy = "best";
   best.validate();

@@ -155,6 +155,8 @@ class Trainer {
   }
   // Writes a checkpoint of the run into output_dir/checkpoint-<global_step> (in train()).
   void save_checkpoint();
+  void count_tokens_and_flos(const data::Batch& batch, int64_t flos_parameters);
+  void store_flos();
   // loss_only: HF's prediction_loss_only, no logits or labels kept (nor gathered).
   PredictionOutput prediction_loop(data::DatasetPtr dataset, const std::string& prefix,
                                    bool loss_only);

@@ -73,6 +73,10 @@ struct TrainingArguments {
   /// For a model that takes HF's num_items_in_batch (a causal LM such as GPT-2): count the label
   /// tokens of an accumulation window on all processes, not on this one only.
   bool average_tokens_across_devices = true;
+  /// "no", "all" (input_ids' elements) or "non_padding" (attention_mask's ones): counts the
+  /// tokens trained on, on all processes, into the logs (num_input_tokens_seen, and
+  /// train_tokens_per_second in the training logs). true/false read as "all"/"no", as HF's.
+  std::string include_num_input_tokens_seen = "no";
   std::string optim = "adamw_torch_fused";  // "adamw_torch" | "adamw_torch_fused" | "sgd"
   /// "tensorboard", "jsonl", "all" or "none"; validate() leaves the trackers to use.
   std::vector<std::string> report_to = {"none"};
@@ -80,6 +84,8 @@ struct TrainingArguments {
   /// Defaults to off when stdout is a terminal, on otherwise.
   std::optional<bool> disable_tqdm = std::nullopt;
   bool use_cpu = false;
+  /// The batch keys that hold labels (default {"labels"}): they keep their dtype when inputs go
+  /// 16-bit, and the first gives EvalPrediction::label_ids (HF passes a tuple of all of them).
   std::optional<std::vector<std::string>> label_names = std::nullopt;
   std::optional<std::string> run_name = std::nullopt;
   /// mixprec's own: inspect gradient and activation numerics (fp16 underflow
