@@ -449,6 +449,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       last_logged_step = state_.global_step;
       Metrics logs{{"loss", loss}, {"learning_rate", last_step_lr}};
       if (!std::isnan(last_grad_norm)) logs["grad_norm"] = last_grad_norm;
+      store_flos();  // as HF: the state's total_flos is current in every log
       if (args_.include_num_input_tokens_seen != "no") {  // HF's speed_metrics with num_tokens
         logs["train_runtime"] = seconds_since(start);
         logs["train_tokens_per_second"] =

@@ -7,16 +7,22 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 
 namespace mixprec::train {
 
 namespace {
 
-// Text, or as HF's a boolean: true is "all", false "no".
+// Text, or as HF's a boolean: true is "all", false "no"; alone on the command line, true
+// (then --include_num_input_tokens_seen=non_padding names the other value).
 detail::Argument include_num_input_tokens_seen(TrainingArguments& a) {
   auto arg = detail::argument("include_num_input_tokens_seen", a.include_num_input_tokens_seen);
   arg.type = "\"no\", \"all\", \"non_padding\" or a boolean";
+  arg.is_bool = true;
+  arg.from_words = [](const std::vector<std::string>& words) {
+    return words.empty() ? nlohmann::json(true) : nlohmann::json(words[0]);
+  };
   arg.assign = [&a, text = arg.assign](const nlohmann::json& v, const std::string& prefix) {
     if (v.is_boolean())
       a.include_num_input_tokens_seen = v.get<bool>() ? "all" : "no";
@@ -122,8 +128,12 @@ void TrainingArguments::validate() {
       trackers.push_back(r);
   }
   report_to = trackers;
-  if (include_num_input_tokens_seen == "true" || include_num_input_tokens_seen == "false")
-    include_num_input_tokens_seen = include_num_input_tokens_seen == "true" ? "all" : "no";
+  // As HF's command line reads a boolean (strtobool).
+  std::string tokens_seen = include_num_input_tokens_seen;
+  std::transform(tokens_seen.begin(), tokens_seen.end(), tokens_seen.begin(),
+                 [](unsigned char c) { return std::tolower(c); });
+  if (one_of(tokens_seen, {"true", "t", "yes", "y", "1"})) include_num_input_tokens_seen = "all";
+  if (one_of(tokens_seen, {"false", "f", "n", "0"})) include_num_input_tokens_seen = "no";
   TORCH_CHECK(one_of(include_num_input_tokens_seen, {"no", "all", "non_padding"}),
               "TrainingArguments: include_num_input_tokens_seen '", include_num_input_tokens_seen,
               "' is not one of \"no\", \"all\", \"non_padding\" or a boolean");

@@ -748,6 +748,56 @@ TEST_F(TrainerTest, ClearErrors) {
             a.learning_rate);
 }
 
+// include_num_input_tokens_seen and total_flos as HF's, carried on by a resumed run:
+// "non_padding" counts attention_mask's ones, "all" input_ids' elements; total_flos is
+// 6 x input_ids' elements x the parameters outside embeddings; train_tokens_per_second counts
+// this run's tokens only.
+TEST_F(TrainerTest, TokensSeenAndFlosCarryOnAcrossAResume) {
+  torch::manual_seed(0);
+  const auto ids = torch::randint(256, {8, 8});
+  const auto mask =
+      (torch::arange(8) < torch::tensor({3, 8, 5, 8, 2, 6, 8, 4}).unsqueeze(1)).to(torch::kLong);
+  auto tokens = std::make_shared<mixprec::data::TensorDataset>(std::map<std::string, at::Tensor>{
+      {"input_ids", ids}, {"labels", ids}, {"attention_mask", mask}});
+  int64_t non_embedding = 0;
+  const auto run = [&](const std::string& name, const std::string& counted, int64_t max_steps,
+                       std::optional<std::string> resume) {
+    torch::manual_seed(0);
+    mixprec::models::GPT2LMHeadModel model(models_test::tiny_gpt2_config());
+    non_embedding = 0;
+    for (const auto& p : model->named_parameters())
+      if (!p.key().ends_with("wte.weight") && !p.key().ends_with("wpe.weight"))
+        non_embedding += p.value().numel();
+    auto a = args(name);
+    a.eval_strategy = "no";
+    a.save_steps = 2;
+    a.logging_steps = 1;
+    a.per_device_train_batch_size = 4;
+    a.max_steps = max_steps;
+    a.include_num_input_tokens_seen = counted;
+    a.resume_from_checkpoint = resume;
+    Trainer trainer(model, a, tokens);
+    trainer.train();
+    return trainer.state();
+  };
+  const auto whole = run("tokens_whole", "non_padding", 4, std::nullopt);  // 2 epochs
+  EXPECT_EQ(whole.num_input_tokens_seen, 2 * mask.sum().item<int64_t>());
+  EXPECT_EQ(whole.total_flos, 6.0 * 4 * 32 * static_cast<double>(non_embedding));
+  run("tokens_resumed", "non_padding", 2, std::nullopt);
+  const auto resumed =
+      run("tokens_resumed", "non_padding", 4, (dir_ / "tokens_resumed" / "checkpoint-2").string());
+  EXPECT_EQ(resumed.num_input_tokens_seen, whole.num_input_tokens_seen);
+  EXPECT_EQ(resumed.total_flos, whole.total_flos);
+  const auto& at_2 = whole.log_history.at(1);
+  const auto& at_4 = resumed.log_history.back().count("loss") ? resumed.log_history.back()
+                                                              : resumed.log_history.rbegin()[1];
+  ASSERT_EQ(at_2.at("step"), 2);
+  ASSERT_EQ(at_4.at("step"), 4);
+  EXPECT_NEAR(at_4.at("train_tokens_per_second") * at_4.at("train_runtime"),
+              at_4.at("num_input_tokens_seen") - at_2.at("num_input_tokens_seen"), 1e-9);
+  EXPECT_EQ(run("tokens_all", "all", 2, std::nullopt).num_input_tokens_seen, 2 * 4 * 8);
+}
+
 // TrainingArguments::activation_checkpointing (HF's gradient_checkpointing): the same losses on
 // GPT-2 with dropout, in bf16; a model without the capability is an error naming it.
 TEST_F(TrainerTest, ActivationCheckpointingTrainsTheSame) {

@@ -9,6 +9,8 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <utility>
+#include <vector>
 
 namespace {
 
@@ -104,9 +106,20 @@ TEST(TrainingArguments, DependentDefaults) {
   EXPECT_EQ(TrainingArguments::from_json(R"({"include_num_input_tokens_seen": true})")
                 .include_num_input_tokens_seen,
             "all");
-  EXPECT_EQ(TrainingArguments::parse_args({"--include_num_input_tokens_seen", "false"})
+  EXPECT_EQ(TrainingArguments::from_yaml("include_num_input_tokens_seen: true\n")
                 .include_num_input_tokens_seen,
-            "no");
+            "all");
+  for (const auto& [words, expected] :
+       std::vector<std::pair<std::vector<std::string>, std::string>>{
+           {{"--include_num_input_tokens_seen", "True"}, "all"},
+           {{"--include_num_input_tokens_seen", "--seed", "1"}, "all"},
+           {{"--include_num_input_tokens_seen=non_padding"}, "non_padding"},
+           {{"--include_num_input_tokens_seen=yes"}, "all"},
+           {{"--include_num_input_tokens_seen=all", "--include_num_input_tokens_seen", "0"},
+            "no"}}) {
+    EXPECT_EQ(TrainingArguments::parse_args(words).include_num_input_tokens_seen, expected)
+        << words[0];
+  }
   EXPECT_EQ(error_of([] {
               TrainingArguments::from_json(R"({"include_num_input_tokens_seen": "some"})");
             }),
