@@ -73,7 +73,7 @@ testing::AssertionResult same_bytes(const at::Tensor& a, const at::Tensor& b) {
     return testing::AssertionFailure()
            << a.scalar_type() << a.sizes() << " vs " << b.scalar_type() << b.sizes();
   const at::Tensor ca = a.contiguous(), cb = b.contiguous();
-  if (std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) != 0)
+  if (ca.nbytes() > 0 && std::memcmp(ca.data_ptr(), cb.data_ptr(), ca.nbytes()) != 0)
     return testing::AssertionFailure() << "different bytes";
   return testing::AssertionSuccess();
 }
