@@ -1,11 +1,11 @@
 #include "mixprec/optim/lr_scheduler.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 
 #include <algorithm>
 #include <cmath>
 #include <numbers>
-#include <sstream>
 
 namespace mixprec::optim {
 
@@ -56,22 +56,82 @@ double progress(int64_t step, int64_t warmup_steps, int64_t training_steps) {
 
 }  // namespace
 
+namespace {
+
+// Each schedule of transformers.get_scheduler with the keywords its function takes (last_epoch
+// aside); HF's constant schedules are called without the keywords, so they ignore any.
+const std::vector<std::pair<std::string, std::vector<std::string>>>& schedules() {
+  static const std::vector<std::pair<std::string, std::vector<std::string>>> all = {
+      {"linear", {}},
+      {"cosine", {"num_cycles"}},
+      {"cosine_with_restarts", {"num_cycles"}},
+      {"polynomial", {"lr_end", "power"}},
+      {"constant", {}},
+      {"constant_with_warmup", {}},
+      {"inverse_sqrt", {"timescale"}},
+      {"cosine_with_min_lr", {"num_cycles", "min_lr", "min_lr_rate"}}};
+  return all;
+}
+
+const std::vector<std::string>& keywords_of(const std::string& name) {
+  const auto& all = schedules();
+  const auto found =
+      std::find_if(all.begin(), all.end(), [&](const auto& s) { return s.first == name; });
+  TORCH_CHECK(found != all.end(), "Unknown lr_scheduler_type '", name,
+              "'; expected one of: ", c10::Join(", ", scheduler_types()));
+  return found->second;
+}
+
+// transformers' get_cosine_with_min_lr_schedule_with_warmup asks for exactly one of the two.
+void check_min_lr(const std::string& name, const SchedulerOptions& o) {
+  if (name != "cosine_with_min_lr") return;
+  TORCH_CHECK(!(o.min_lr && o.min_lr_rate), "Only one of min_lr or min_lr_rate should be set");
+  TORCH_CHECK(o.min_lr || o.min_lr_rate,
+              "One of min_lr or min_lr_rate should be set through the `lr_scheduler_kwargs`");
+}
+
+}  // namespace
+
 const std::vector<std::string>& scheduler_types() {
-  static const std::vector<std::string> types = {"linear",      "cosine",   "cosine_with_restarts",
-                                                 "polynomial",  "constant", "constant_with_warmup",
-                                                 "inverse_sqrt"};
+  static const std::vector<std::string> types = [] {
+    std::vector<std::string> names;
+    for (const auto& [name, keywords] : schedules()) names.push_back(name);
+    return names;
+  }();
   return types;
+}
+
+void set_scheduler_kwargs(SchedulerOptions& options, const std::string& name,
+                          const std::map<std::string, double>& kwargs) {
+  const auto& known = keywords_of(name);
+  for (const auto& [key, value] : kwargs) {
+    if (name == "constant" || name == "constant_with_warmup") {
+      TORCH_WARN("lr_scheduler_kwargs: the \"", name, "\" schedule takes none; '", key,
+                 "' is ignored, as transformers ignores it");
+      continue;
+    }
+    TORCH_CHECK(std::find(known.begin(), known.end(), key) != known.end(),
+                "lr_scheduler_kwargs: the \"", name, "\" schedule takes no '", key, "' (it takes ",
+                known.empty() ? std::string("none") : c10::Join(", ", known), ")");
+    if (key == "num_cycles") options.num_cycles = value;
+    if (key == "lr_end") options.lr_end = value;
+    if (key == "power") options.power = value;
+    if (key == "min_lr") options.min_lr = value;
+    if (key == "min_lr_rate") options.min_lr_rate = value;
+    if (key == "timescale") {
+      TORCH_CHECK(value >= 1 && value == std::floor(value) && value < 0x1p63,
+                  "lr_scheduler_kwargs: timescale must be a positive integer, got ", value);
+      options.timescale = static_cast<int64_t>(value);
+    }
+  }
+  check_min_lr(name, options);
 }
 
 // The lambdas are transformers.optimization's, term for term.
 LRScheduler get_scheduler(const std::string& name, torch::optim::Optimizer& optimizer,
                           const SchedulerOptions& o) {
-  const auto& types = scheduler_types();
-  if (std::find(types.begin(), types.end(), name) == types.end()) {
-    std::ostringstream known;
-    for (const auto& t : types) known << (&t == &types.front() ? "" : ", ") << t;
-    TORCH_CHECK(false, "Unknown lr_scheduler_type '", name, "'; expected one of: ", known.str());
-  }
+  keywords_of(name);  // an unknown name is an error listing the known ones
+  check_min_lr(name, o);
   const int64_t w = o.num_warmup_steps;
   TORCH_CHECK(w >= 0, "num_warmup_steps must be >= 0, got ", w);
   if (name == "constant") return LRScheduler(optimizer, [](int64_t) { return 1.0; });
@@ -95,12 +155,16 @@ LRScheduler get_scheduler(const std::string& name, torch::optim::Optimizer& opti
           0.0, static_cast<double>(t - s) / static_cast<double>(std::max<int64_t>(1, t - w)));
     });
   }
-  if (name == "cosine") {
+  if (name == "cosine" || name == "cosine_with_min_lr") {
     const double cycles = o.num_cycles.value_or(0.5);
-    return LRScheduler(optimizer, [w, t, cycles](int64_t s) {
+    double min_lr_rate = 0;  // cosine: the wave goes down to 0
+    if (name == "cosine_with_min_lr")
+      min_lr_rate = o.min_lr ? *o.min_lr / optimizer.defaults().get_lr() : *o.min_lr_rate;
+    return LRScheduler(optimizer, [w, t, cycles, min_lr_rate](int64_t s) {
       if (s < w) return warmup(s, w);
-      return std::max(0.0,
-                      0.5 * (1.0 + std::cos(std::numbers::pi * cycles * 2.0 * progress(s, w, t))));
+      const double factor =
+          0.5 * (1.0 + std::cos(std::numbers::pi * cycles * 2.0 * progress(s, w, t)));
+      return std::max(0.0, factor * (1.0 - min_lr_rate) + min_lr_rate);
     });
   }
   if (name == "cosine_with_restarts") {

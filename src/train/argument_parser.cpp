@@ -155,7 +155,15 @@ void ArgumentParser::parse_args(const std::vector<std::string>& words) const {
       values.push_back(key.substr(eq + 1));
       key = key.substr(0, eq);
     }
+    std::replace(key.begin(), key.end(), '-', '_');
     const Argument* a = find(key);
+    if (const Argument* negated = key.starts_with("no_") ? find(key.substr(3)) : nullptr;
+        !a && negated && negated->negatable && negated->name == key.substr(3)) {
+      TORCH_CHECK(eq == std::string::npos, owner_, ": --", key, " takes no value, got '", word,
+                  "'");
+      overrides[negated->name] = false;
+      continue;
+    }
     if (!a) unknown(key, " (command line)");
     if (eq != std::string::npos) {
     } else if (a->is_bool) {
@@ -166,7 +174,7 @@ void ArgumentParser::parse_args(const std::vector<std::string>& words) const {
       TORCH_CHECK(i < words.size(), owner_, ": --", key, " expects a value");
       values.push_back(words[i++]);
     }
-    overrides[key] = a->from_words(values);
+    overrides[a->name] = a->from_words(values);  // under one name: the last flag wins
   }
   assign(overrides, " (command line)");
 }
@@ -186,6 +194,7 @@ std::string type_name(const int64_t&) { return "an integer"; }
 std::string type_name(const double&) { return "a number"; }
 std::string type_name(const std::string&) { return "a string"; }
 std::string type_name(const std::vector<std::string>&) { return "a list of strings"; }
+std::string type_name(const std::map<std::string, double>&) { return "an object of numbers"; }
 
 void assign_value(bool& field, const json& v, const std::string& prefix) {
   TORCH_CHECK(v.is_boolean(), prefix, " expects a boolean, got ", describe(v));
@@ -228,6 +237,23 @@ void assign_value(std::vector<std::string>& field, const json& v, const std::str
   field = v.get<std::vector<std::string>>();
 }
 
+void assign_value(std::map<std::string, double>& field, const json& v, const std::string& prefix) {
+  // As HF's dict fields, also JSON text ('{"num_cycles": 2}').
+  json object = v;
+  if (v.is_string() && v.get<std::string>().starts_with("{")) {
+    try {
+      object = json::parse(v.get<std::string>());
+    } catch (const json::exception& e) {
+      TORCH_CHECK(false, prefix, " expects an object of numbers, got ", describe(v),
+                  ", which is not JSON: ", e.what());
+    }
+  }
+  TORCH_CHECK(object.is_object() &&
+                  std::all_of(object.begin(), object.end(), [](auto& e) { return e.is_number(); }),
+              prefix, " expects an object of numbers, got ", describe(v));
+  field = object.get<std::map<std::string, double>>();
+}
+
 json words_value(const bool&, const std::vector<std::string>& words) {
   return words.empty() || words[0] == "true" || words[0] == "True" || words[0] == "1";
 }
@@ -252,6 +278,9 @@ json words_value(const int64_t&, const std::vector<std::string>& words) {
 }
 json words_value(const double&, const std::vector<std::string>& words) {
   return number_from_words(words);
+}
+json words_value(const std::map<std::string, double>&, const std::vector<std::string>& words) {
+  return words_value(std::string(), words);  // JSON text, read by assign_value
 }
 
 }  // namespace mixprec::train::detail

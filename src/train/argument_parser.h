@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -26,6 +27,7 @@ struct Argument {
   std::string type;                  // "a boolean", "an integer or null", ... for messages and help
   bool is_bool = false;              // a flag alone means true
   bool is_list = false;              // takes the words up to the next flag
+  bool negatable = false;            // a boolean whose default is true: --no_<name> sets false
   std::function<void(const json& value, const std::string& error_prefix)> assign;
   std::function<json()> value;
   std::function<json(const std::vector<std::string>& words)> from_words;
@@ -49,7 +51,9 @@ class ArgumentParser {
 
   /// Every key of `object` to its argument; `where` says where they came from.
   void assign(const json& object, const std::string& where = "") const;
-  /// `--config FILE` (optional, first) then `--name value` / `--name=value` overrides.
+  /// `--config FILE` (optional, first) then `--name value` / `--name=value` overrides; as
+  /// HfArgumentParser's, `--no_name` for a boolean whose default is true, and dashes for
+  /// underscores (`--learning-rate`, `--no-logging-nan-inf-filter`).
   void parse_args(const std::vector<std::string>& words) const;
   /// Each group with every argument, its type and its current value as default.
   std::string help() const;
@@ -72,6 +76,7 @@ std::string type_name(const int64_t&);
 std::string type_name(const double&);
 std::string type_name(const std::string&);
 std::string type_name(const std::vector<std::string>&);
+std::string type_name(const std::map<std::string, double>&);
 template <typename T>
 std::string type_name(const std::optional<T>&) {
   return type_name(T{}) + " or null";
@@ -82,6 +87,7 @@ void assign_value(int64_t& field, const json& v, const std::string& prefix);
 void assign_value(double& field, const json& v, const std::string& prefix);
 void assign_value(std::string& field, const json& v, const std::string& prefix);
 void assign_value(std::vector<std::string>& field, const json& v, const std::string& prefix);
+void assign_value(std::map<std::string, double>& field, const json& v, const std::string& prefix);
 template <typename T>
 void assign_value(std::optional<T>& field, const json& v, const std::string& prefix) {
   if (v.is_null()) {
@@ -98,6 +104,7 @@ json words_value(const std::string&, const std::vector<std::string>& words);
 json words_value(const std::vector<std::string>&, const std::vector<std::string>& words);
 json words_value(const int64_t&, const std::vector<std::string>& words);
 json words_value(const double&, const std::vector<std::string>& words);
+json words_value(const std::map<std::string, double>&, const std::vector<std::string>& words);
 template <typename T>
 json words_value(const std::optional<T>&, const std::vector<std::string>& words) {
   if (!words.empty() && (words[0] == "None" || words[0] == "null")) return nullptr;
@@ -111,6 +118,9 @@ Argument argument(const char* name, T& field, std::vector<std::string> aliases) 
   a.aliases = std::move(aliases);
   a.type = type_name(field);
   a.is_bool = std::is_same_v<T, bool> || std::is_same_v<T, std::optional<bool>>;
+  // As HfArgumentParser: a boolean that defaults to true also gets --no_<name> (the parser is
+  // made on a default struct).
+  if constexpr (std::is_same_v<T, bool>) a.negatable = field;
   a.is_list = std::is_same_v<T, std::vector<std::string>> ||
               std::is_same_v<T, std::optional<std::vector<std::string>>>;
   a.assign = [&field](const json& v, const std::string& prefix) { assign_value(field, v, prefix); };

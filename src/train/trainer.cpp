@@ -47,11 +47,21 @@ int64_t absolute_steps(double steps, int64_t max_steps) {
                    : static_cast<int64_t>(steps);
 }
 
+// The batch keys that hold labels.
+std::vector<std::string> label_names_of(const TrainingArguments& args) {
+  return args.label_names.value_or(std::vector<std::string>{"labels"});
+}
+
+// The processes whose label tokens num_items_in_batch counts (HF's average_tokens_across_devices):
+// a loss divided by it is multiplied by their number, as data parallel averages gradients.
+int64_t token_processes_of(const TrainingArguments& args, const accelerate::Accelerator& acc) {
+  return args.average_tokens_across_devices ? acc.num_processes() : 1;
+}
+
 // HF's _get_num_items_in_batch for a causal LM: the labels[..., 1:] other than -100 in
-// `batches`, summed over the processes with `across_processes`; none without labels.
+// `batches`, summed over the `processes` (this one or all); none without labels.
 std::optional<int64_t> count_label_tokens(std::span<const data::Batch> batches,
-                                          const accelerate::Accelerator& acc,
-                                          bool across_processes) {
+                                          const accelerate::Accelerator& acc, int64_t processes) {
   if (batches.empty() || !batches.front().count("labels")) return std::nullopt;
   int64_t count = 0;
   for (const auto& batch : batches) {
@@ -59,8 +69,7 @@ std::optional<int64_t> count_label_tokens(std::span<const data::Batch> batches,
     if (labels.size(-1) > 1)
       count += labels.narrow(-1, 1, labels.size(-1) - 1).ne(-100).sum().item<int64_t>();
   }
-  if (across_processes && acc.num_processes() > 1)
-    count = acc.reduce(at::full({1}, count, at::kLong), "sum").item<int64_t>();
+  if (processes > 1) count = acc.reduce(at::full({1}, count, at::kLong), "sum").item<int64_t>();
   return count;
 }
 
@@ -155,6 +164,7 @@ struct Trainer::Impl {
   std::shared_ptr<torch::nn::Module> module;
   BatchForward forward;
   NumItemsForward num_items_forward;  // empty: the model takes no num_items_in_batch
+  double label_smoothing = 0;         // args' label_smoothing_factor
   data::DatasetPtr train_dataset, eval_dataset;
   ComputeMetrics compute_metrics;
   std::vector<std::shared_ptr<TrainerCallback>> callbacks;
@@ -178,11 +188,28 @@ struct Trainer::Impl {
   // The model's output on a batch; with `num_items` (the model takes num_items_in_batch), its
   // loss is divided by it and, as HF's with average_tokens_across_devices, multiplied by the
   // `processes` whose gradients data parallel averages.
+  // With label_smoothing, the loss is HF's LabelSmoother's on the logits of the model run without
+  // labels (shifted for a causal LM, the models taking num_items_in_batch).
   models::ModelOutput run(const data::Batch& batch, std::optional<int64_t> num_items,
                           int64_t processes) const {
-    if (!num_items) return forward(batch);
-    models::ModelOutput out = num_items_forward(batch, *num_items);
-    if (processes > 1 && out.loss.defined()) out.loss = out.loss * processes;
+    models::ModelOutput out;
+    const auto labels = batch.find("labels");
+    if (label_smoothing != 0 && labels != batch.end()) {
+      data::Batch inputs = batch;
+      inputs.erase("labels");
+      out = forward(inputs);
+      TORCH_CHECK(out.logits.defined(),
+                  "Trainer: label_smoothing_factor smooths the model's logits, but the model "
+                  "returned none");
+      out.loss =
+          label_smoothed_loss(out.logits, labels->second, label_smoothing,
+                              /*shift_labels=*/static_cast<bool>(num_items_forward), num_items);
+    } else if (num_items) {
+      out = num_items_forward(batch, *num_items);
+    } else {
+      return forward(batch);
+    }
+    if (num_items && processes > 1 && out.loss.defined()) out.loss = out.loss * processes;
     return out;
   }
 
@@ -204,6 +231,25 @@ struct Trainer::Impl {
     for (auto& cb : callbacks) event(*cb, args, state, control);
   }
 };
+
+at::Tensor label_smoothed_loss(const at::Tensor& logits, const at::Tensor& labels, double epsilon,
+                               bool shift_labels, std::optional<int64_t> num_items) {
+  at::Tensor x = logits, y = labels;
+  TORCH_CHECK(x.dim() >= 2 && x.sizes().slice(0, x.dim() - 1) == y.sizes(),
+              "label_smoothed_loss: expected labels of shape ", x.sizes().slice(0, x.dim() - 1),
+              " for logits of shape ", x.sizes(), ", got ", y.sizes());
+  if (shift_labels) {  // position t predicts labels[t + 1]
+    TORCH_CHECK(y.size(-1) >= 1, "label_smoothed_loss: no position to shift");
+    x = x.narrow(-2, 0, x.size(-2) - 1);
+    y = y.narrow(-1, 1, y.size(-1) - 1);
+  }
+  // LibTorch's cross-entropy with label smoothing is HF's formula: per label,
+  // (1 - e) (-log p[label]) + e mean_c(-log p[c]).
+  const at::Tensor loss =
+      at::cross_entropy_loss(x.reshape({-1, x.size(-1)}).to(at::kFloat), y.reshape({-1}), {},
+                             num_items ? at::Reduction::Sum : at::Reduction::Mean, -100, epsilon);
+  return num_items ? loss / static_cast<double>(*num_items) : loss;
+}
 
 void Trainer::set_num_items_forward(NumItemsForward forward) {
   impl_->num_items_forward = std::move(forward);
@@ -231,6 +277,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
   impl_->compute_metrics = std::move(compute_metrics);
   impl_->callbacks = std::move(callbacks);
   impl_->collate = std::move(data_collator);  // empty: the DataLoader's default
+  impl_->label_smoothing = args_.label_smoothing_factor;
   TORCH_CHECK(args_.eval_strategy == "no" || impl_->eval_dataset, "Trainer: eval_strategy is \"",
               args_.eval_strategy, "\" but no eval_dataset was given");
   TORCH_CHECK(args_.save_strategy != "best" || args_.metric_for_best_model,
@@ -266,6 +313,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   auto& acc = *accelerator_;
   auto& impl = *impl_;
   TORCH_CHECK(impl.train_dataset, "Trainer::train: no train_dataset");
+  TORCH_CHECK(!args_.eval_on_start || impl.eval_dataset,
+              "Trainer::train: eval_on_start is true but no eval_dataset was given");
   // This run's optimizer and schedule live in this call: the accelerator forgets them when it
   // returns (another train() makes them afresh, as HF's does).
   // The loop says which micro-steps sync; after it, also after an error, every step does.
@@ -329,7 +378,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
 
   // The optimizer and schedule of args, on the trained parameters.
   const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
-  const auto label_names = args_.label_names.value_or(std::vector<std::string>{"labels"});
+  const auto label_names = label_names_of(args_);
   std::vector<at::Tensor> decay, no_decay;
   {
     const auto names = get_decay_parameter_names();
@@ -363,10 +412,13 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                                       optim::AdamWOptions(options).weight_decay(0.0)));
     optimizer = std::make_unique<optim::AdamW>(groups, options);
   }
-  auto schedule =
-      optim::get_scheduler(args_.lr_scheduler_type, *optimizer,
-                           {.num_warmup_steps = absolute_steps(args_.warmup_steps, max_steps),
-                            .num_training_steps = max_steps});
+  optim::SchedulerOptions schedule_options{
+      .num_warmup_steps = absolute_steps(args_.warmup_steps, max_steps),
+      .num_training_steps = max_steps};
+  if (args_.lr_scheduler_kwargs)
+    optim::set_scheduler_kwargs(schedule_options, args_.lr_scheduler_type,
+                                *args_.lr_scheduler_kwargs);
+  auto schedule = optim::get_scheduler(args_.lr_scheduler_type, *optimizer, schedule_options);
   auto prepared = acc.prepare(impl.module);
   auto accelerated = acc.prepare(*optimizer);
   acc.prepare(schedule);  // for save_state and load_state only: stepped below, as HF's Trainer
@@ -416,6 +468,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   const StopSignals stop_signals;
   int stopped_by = 0;
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_begin(a, s, c); });
+  if (args_.eval_on_start) evaluate();  // as HF's: no best metric from it
   log::ProgressBar progress(
       max_steps, "train",
       {.enabled = args_.disable_tqdm ? std::optional<bool>(!*args_.disable_tqdm) : std::nullopt});
@@ -488,9 +541,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     impl.control.should_log = impl.control.should_evaluate = impl.control.should_save = false;
   };
 
-  // With num_items_in_batch, the loss is scaled by these processes (HF's
-  // average_tokens_across_devices).
-  const int64_t loss_processes = args_.average_tokens_across_devices ? acc.num_processes() : 1;
+  const int64_t token_processes = token_processes_of(args_, acc);
   impl.module->zero_grad();  // as HF: nothing left from before (a run stopped mid-window) adds in
   for (int64_t epoch = loader.epoch(); epoch < num_epochs && !impl.control.should_training_stop;
        ++epoch) {
@@ -517,10 +568,9 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         next_in_window = 0;
         for (int64_t i = step_in_epoch; i < window_start + window && it != loader.end(); ++i, ++it)
           window_batches.push_back(*it);
-        num_items_in_batch =
-            impl.num_items_forward
-                ? count_label_tokens(window_batches, acc, args_.average_tokens_across_devices)
-                : std::nullopt;
+        num_items_in_batch = impl.num_items_forward
+                                 ? count_label_tokens(window_batches, acc, token_processes)
+                                 : std::nullopt;
       }
       const data::Batch batch = std::move(window_batches[next_in_window++]);
       count_tokens_and_flos(batch, flos_parameters);
@@ -528,7 +578,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype, label_names);
       impl.module->train();
       const models::ModelOutput out =
-          prepared.run([&] { return impl.run(on_device, num_items_in_batch, loss_processes); });
+          prepared.run([&] { return impl.run(on_device, num_items_in_batch, token_processes); });
       TORCH_CHECK(out.loss.defined(),
                   "Trainer: the model returned no loss; does the batch hold "
                   "labels? (its keys: ",
@@ -592,15 +642,18 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         c.should_log |= (state_.global_step == 1 && args_.logging_first_step) ||
                         (args_.logging_strategy == "steps" && state_.logging_steps > 0 &&
                          state_.global_step % state_.logging_steps == 0);
-        c.should_evaluate |= args_.eval_strategy == "steps" && state_.eval_steps > 0 &&
-                             state_.global_step % state_.eval_steps == 0;
+        // eval_delay: the steps before the first evaluation.
+        const bool may_evaluate = args_.eval_strategy == "steps" &&
+                                  args_.eval_delay <= static_cast<double>(state_.global_step);
+        c.should_evaluate |=
+            may_evaluate && state_.eval_steps > 0 && state_.global_step % state_.eval_steps == 0;
         c.should_save |= args_.save_strategy == "steps" && state_.save_steps > 0 &&
                          state_.global_step % state_.save_steps == 0;
         if (state_.global_step >= max_steps) {
           c.should_training_stop = true;
           // HF's DefaultFlowCallback: a last evaluation and save by "steps" (one by "epoch"
           // follows at the epoch's end).
-          c.should_evaluate |= args_.eval_strategy == "steps";
+          c.should_evaluate |= may_evaluate;
           c.should_save |= args_.save_strategy == "steps";
         }
         impl.call(args_, state_,
@@ -637,7 +690,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       position.state = {epoch + 1, 0};
     auto& c = impl.control;
     c.should_log |= args_.logging_strategy == "epoch";
-    c.should_evaluate |= args_.eval_strategy == "epoch";
+    c.should_evaluate |= args_.eval_strategy == "epoch" && args_.eval_delay <= state_.epoch;
     c.should_save |= args_.save_strategy == "epoch";
     impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_epoch_end(a, s, c); });
     maybe_log_save_evaluate();
@@ -818,7 +871,9 @@ Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
   if (!eval_dataset) eval_dataset = impl_->eval_dataset;
   TORCH_CHECK(eval_dataset, "Trainer::evaluate: no eval_dataset");
   // As HF: without compute_metrics, nothing needs the logits (a language model's are large).
-  Metrics metrics = prediction_loop(eval_dataset, "eval", !impl_->compute_metrics).metrics;
+  Metrics metrics =
+      prediction_loop(eval_dataset, "eval", args_.prediction_loss_only || !impl_->compute_metrics)
+          .metrics;
   log_in_place(metrics);
   impl_->call(args_, state_,
               [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_evaluate(a, s, c, metrics); });
@@ -827,7 +882,8 @@ Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
 
 PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
   TORCH_CHECK(test_dataset, "Trainer::predict: no dataset");
-  PredictionOutput output = prediction_loop(std::move(test_dataset), "test", false);
+  PredictionOutput output =
+      prediction_loop(std::move(test_dataset), "test", args_.prediction_loss_only);
   impl_->call(args_, state_,
               [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_predict(a, s, c, output.metrics); });
   return output;
@@ -842,7 +898,8 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   if (!impl.in_train && (args_.fp16_full_eval || args_.bf16_full_eval))
     impl.module->to(args_.fp16_full_eval ? at::kHalf : at::kBFloat16);
   const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
-  const auto label_names = args_.label_names.value_or(std::vector<std::string>{"labels"});
+  const auto label_names = label_names_of(args_);
+  const int64_t token_processes = token_processes_of(args_, acc);
   data::DataLoader loader(std::move(dataset),
                           {.batch_size = static_cast<size_t>(args_.per_device_eval_batch_size),
                            .drop_last = args_.dataloader_drop_last,
@@ -861,15 +918,13 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
     const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype, label_names);
     // As HF's prediction_step: a causal LM's loss over the batch's label tokens, on all
     // processes with average_tokens_across_devices.
-    const auto num_items =
-        impl.num_items_forward
-            ? count_label_tokens({&batch, 1}, acc, args_.average_tokens_across_devices)
-            : std::nullopt;
+    const auto num_items = impl.num_items_forward
+                               ? count_label_tokens({&batch, 1}, acc, token_processes)
+                               : std::nullopt;
     models::ModelOutput out;
     {
       auto autocast = acc.autocast();
-      out = impl.run(on_device, num_items,
-                     args_.average_tokens_across_devices ? acc.num_processes() : 1);
+      out = impl.run(on_device, num_items, token_processes);
     }
     int64_t n = on_device.begin()->second.size(0);
     // Samples that only padded the ranks to equal shares are not counted (gather_for_metrics).

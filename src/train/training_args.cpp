@@ -43,12 +43,15 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("overwrite_output_dir", a.overwrite_output_dir),
       argument("eval_strategy", a.eval_strategy, {"evaluation_strategy"}),
       argument("eval_steps", a.eval_steps),
+      argument("eval_delay", a.eval_delay),
+      argument("eval_on_start", a.eval_on_start),
       argument("fp16", a.fp16),
       argument("bf16", a.bf16),
       argument("fp16_full_eval", a.fp16_full_eval),
       argument("bf16_full_eval", a.bf16_full_eval),
       argument("per_device_train_batch_size", a.per_device_train_batch_size),
       argument("per_device_eval_batch_size", a.per_device_eval_batch_size),
+      argument("prediction_loss_only", a.prediction_loss_only),
       argument("gradient_accumulation_steps", a.gradient_accumulation_steps),
       argument("activation_checkpointing", a.activation_checkpointing, {"gradient_checkpointing"}),
       argument("learning_rate", a.learning_rate),
@@ -60,6 +63,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("num_train_epochs", a.num_train_epochs),
       argument("max_steps", a.max_steps),
       argument("lr_scheduler_type", a.lr_scheduler_type),
+      argument("lr_scheduler_kwargs", a.lr_scheduler_kwargs),
       argument("warmup_steps", a.warmup_steps, {"warmup_ratio"}),  // below 1: a ratio
       argument("logging_strategy", a.logging_strategy),
       argument("logging_steps", a.logging_steps),
@@ -71,6 +75,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("load_best_model_at_end", a.load_best_model_at_end),
       argument("metric_for_best_model", a.metric_for_best_model),
       argument("greater_is_better", a.greater_is_better),
+      argument("label_smoothing_factor", a.label_smoothing_factor),
       argument("seed", a.seed),
       argument("data_seed", a.data_seed),
       argument("dataloader_num_workers", a.dataloader_num_workers),
@@ -112,6 +117,15 @@ void TrainingArguments::validate() {
   TORCH_CHECK(
       std::find(schedulers.begin(), schedulers.end(), lr_scheduler_type) != schedulers.end(),
       "TrainingArguments: unknown lr_scheduler_type '", lr_scheduler_type, "'");
+  {  // checked now rather than when train() makes the schedule
+    optim::SchedulerOptions options;
+    optim::set_scheduler_kwargs(options, lr_scheduler_type,
+                                lr_scheduler_kwargs.value_or(std::map<std::string, double>{}));
+  }
+  // LibTorch's cross-entropy would refuse it at the first step.
+  TORCH_CHECK(label_smoothing_factor >= 0 && label_smoothing_factor <= 1,
+              "TrainingArguments: label_smoothing_factor must be in [0, 1], got ",
+              label_smoothing_factor);
   TORCH_CHECK(one_of(optim, {"adamw_torch", "adamw_torch_fused", "sgd"}),
               "TrainingArguments: optim '", optim,
               "' is not one of \"adamw_torch\", \"adamw_torch_fused\", \"sgd\"");

@@ -720,9 +720,7 @@ TEST_F(DataParallel, TrainerWeighsEveryTokenOfTheGlobalBatch) {
                      2;
   }
   ASSERT_GT(std::abs(mean_of_means - loss.item<double>()), 1e-3);
-
-  for (const bool across : {true, false}) {
-    SCOPED_TRACE(across ? "average_tokens_across_devices" : "each process's tokens");
+  auto make_args = [&](bool across) {
     mixprec::TrainingArguments args;
     args.output_dir = shared_temp_dir(accelerator, "mixprec_dp_tokens_").string();
     args.per_device_train_batch_size = 2;
@@ -733,6 +731,12 @@ TEST_F(DataParallel, TrainerWeighsEveryTokenOfTheGlobalBatch) {
     args.average_tokens_across_devices = across;
     args.per_device_eval_batch_size = 4;
     args.include_num_input_tokens_seen = "all";
+    return args;
+  };
+
+  for (const bool across : {true, false}) {
+    SCOPED_TRACE(across ? "average_tokens_across_devices" : "each process's tokens");
+    const auto args = make_args(across);
     auto trained = make_model();
     mixprec::Trainer trainer(trained, args, data);
     trainer.train();
@@ -763,6 +767,27 @@ TEST_F(DataParallel, TrainerWeighsEveryTokenOfTheGlobalBatch) {
     accelerator.wait_for_everyone();
     if (accelerator.is_main_process()) std::filesystem::remove_all(args.output_dir);
   }
+
+  // Label smoothing (HF's LabelSmoother with num_items_in_batch): also over the tokens of the
+  // global batch.
+  model->zero_grad();
+  const auto smoothed = mixprec::train::label_smoothed_loss(
+      model->forward(global.at("input_ids"), at::Tensor()).logits, global.at("labels"), 0.1,
+      /*shift_labels=*/true);
+  smoothed.backward();
+  double smoothed_norm_sq = 0;
+  for (auto& p : model->parameters()) smoothed_norm_sq += p.grad().pow(2).sum().item<double>();
+  auto args = make_args(true);
+  args.label_smoothing_factor = 0.1;
+  auto trained = make_model();
+  mixprec::Trainer trainer(trained, args, data);
+  trainer.train();
+  const auto& logged = trainer.state().log_history.at(0);
+  EXPECT_NEAR(logged.at("loss"), smoothed.item<double>(), 1e-5 * smoothed.item<double>());
+  EXPECT_NEAR(logged.at("grad_norm"), std::sqrt(smoothed_norm_sq),
+              1e-4 * std::sqrt(smoothed_norm_sq));
+  accelerator.wait_for_everyone();
+  if (accelerator.is_main_process()) std::filesystem::remove_all(args.output_dir);
 }
 
 }  // namespace

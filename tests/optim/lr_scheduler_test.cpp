@@ -31,16 +31,14 @@ struct TwoGroups {
 
 TEST(LRScheduler, MatchesTransformersGetScheduler) {
   const json cases = reference();
-  ASSERT_EQ(cases.size(), 20u);
+  ASSERT_EQ(cases.size(), 24u);
   for (const auto& c : cases) {
     TwoGroups model;
     SchedulerOptions options{.num_warmup_steps = c["num_warmup_steps"].get<int64_t>(),
                              .num_training_steps = c["num_training_steps"].get<int64_t>()};
-    const json& kw = c["kwargs"];
-    if (kw.contains("num_cycles")) options.num_cycles = kw["num_cycles"].get<double>();
-    if (kw.contains("lr_end")) options.lr_end = kw["lr_end"].get<double>();
-    if (kw.contains("power")) options.power = kw["power"].get<double>();
-    if (kw.contains("timescale")) options.timescale = kw["timescale"].get<int64_t>();
+    // As TrainingArguments' lr_scheduler_kwargs reach it.
+    mixprec::optim::set_scheduler_kwargs(options, c["name"],
+                                         c["kwargs"].get<std::map<std::string, double>>());
     auto scheduler = get_scheduler(c["name"].get<std::string>(), model.sgd, options);
     const std::string label = c.dump();
     for (const auto& expected : c["lrs"]) {
@@ -95,6 +93,15 @@ TEST(LRScheduler, BadArgumentsAreClearErrors) {
                             {.num_warmup_steps = 5, .num_training_steps = 5});
             }).find("polynomial: num_training_steps (5) equals num_warmup_steps (5)"),
             std::string::npos);
+  // cosine_with_min_lr: exactly one of min_lr and min_lr_rate, as transformers'.
+  EXPECT_EQ(mixprec::testing::error_of(
+                [&] { get_scheduler("cosine_with_min_lr", model.sgd, {.num_training_steps = 5}); }),
+            "One of min_lr or min_lr_rate should be set through the `lr_scheduler_kwargs`");
+  EXPECT_EQ(mixprec::testing::error_of([&] {
+              get_scheduler("cosine_with_min_lr", model.sgd,
+                            {.num_training_steps = 5, .min_lr = 1e-3, .min_lr_rate = 0.1});
+            }),
+            "Only one of min_lr or min_lr_rate should be set");
 }
 
 }  // namespace

@@ -11,7 +11,9 @@ accumulation windows of 2, 2 and 1 batches. Its forward takes **kwargs, so HF
 passes num_items_in_batch (the window's label tokens) and every token weighs
 the same in an update, whichever batch holds it; also the eval loss of a batch
 with num_items_in_batch (the eval set is the train set here), the tokens seen
-(include_num_input_tokens_seen) and total_flos.
+(include_num_input_tokens_seen) and total_flos. "gpt2_label_smoothing": the same with
+label_smoothing_factor 0.1, which HF's LabelSmoother applies to the logits with the labels
+shifted (GPT2LMHeadModel is a causal LM) over the window's num_items_in_batch.
 
 The HF Trainer draws the training order from Accelerate's SeedableRandomSampler
 (randperm seeded with seed + epoch), which is the order of mixprec's loader, so
@@ -24,6 +26,7 @@ import contextlib
 import os
 import sys
 import tempfile
+import types
 import warnings
 
 import numpy as np
@@ -48,6 +51,11 @@ CASES = [
               "eval_strategy": "steps", "eval_steps": 3, "save_strategy": "steps",
               "save_steps": 3, "save_total_limit": 1, "metric_for_best_model": "accuracy",
               "max_grad_norm": 0}},
+    # HF's LabelSmoother on the logits (the eval loss smoothed too), an evaluation before the
+    # first step and none before epoch 2, and a cosine schedule of one whole wave.
+    {"name": "smoothing", "bf16": False,
+     "args": {"label_smoothing_factor": 0.1, "eval_on_start": True, "eval_delay": 2,
+              "lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"num_cycles": 1.0}}},
 ]
 
 
@@ -56,6 +64,7 @@ class MLPClassifier(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
+        self.config = types.SimpleNamespace(problem_type=None)  # what label smoothing looks up
         self.fc1 = torch.nn.Linear(FEATURES, HIDDEN)
         self.fc2 = torch.nn.Linear(HIDDEN, HIDDEN)
         self.out = torch.nn.Linear(HIDDEN, CLASSES)
@@ -137,7 +146,7 @@ def without_key_bias(item):
     return name, value
 
 
-def run_gpt2():
+def run_gpt2(label_smoothing_factor=0.0):
     from transformers import GPT2LMHeadModel
     tiny = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "gpt2_tiny")
     model = GPT2LMHeadModel.from_pretrained(tiny, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -165,7 +174,8 @@ def run_gpt2():
             learning_rate=1e-2,
             weight_decay=0.0, lr_scheduler_type="constant", logging_strategy="steps",
             logging_steps=1, eval_strategy="no", save_strategy="no", report_to="none",
-            include_num_input_tokens_seen=True, disable_tqdm=True)
+            include_num_input_tokens_seen=True, disable_tqdm=True,
+            label_smoothing_factor=label_smoothing_factor)
         trainer = Trainer(model=model, args=args, train_dataset=Sequences())
         assert trainer.model_accepts_loss_kwargs and trainer._loss_shifts_labels
         with contextlib.redirect_stdout(sys.stderr):
@@ -203,6 +213,7 @@ def compute():
         "init": {k: flat(v) for k, v in init.items()},
         "cases": {c["name"]: run(c, x, y, init) for c in CASES},
         "gpt2": run_gpt2(),
+        "gpt2_label_smoothing": run_gpt2(label_smoothing_factor=0.1),
     }
 
 

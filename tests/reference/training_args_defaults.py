@@ -19,7 +19,8 @@ weight_decay adam_beta1 adam_beta2 adam_epsilon max_grad_norm num_train_epochs m
 lr_scheduler_type warmup_steps logging_strategy logging_steps logging_first_step logging_nan_inf_filter save_strategy
 save_steps save_total_limit load_best_model_at_end metric_for_best_model greater_is_better seed
 data_seed dataloader_num_workers dataloader_drop_last optim report_to resume_from_checkpoint
-use_cpu label_names run_name average_tokens_across_devices include_num_input_tokens_seen""".split()
+use_cpu label_names run_name average_tokens_across_devices include_num_input_tokens_seen
+eval_delay eval_on_start lr_scheduler_kwargs label_smoothing_factor prediction_loss_only""".split()
 
 
 def plain(v):

@@ -108,8 +108,18 @@ void compare_with_hf(const std::string& name, Tolerance tol,
     }
   }
   // Per epoch (5), or per 2 of the 10 updates, a train entry (4 values); an eval entry (3) per
-  // epoch, or at updates 3, 6, 9 and 10.
+  // epoch, or at updates 3, 6, 9 and 10, or ("smoothing") before the first step and from epoch 2.
   EXPECT_GE(compared, name == "accumulation" ? 5 * 4 + 4 * 3 : 5 * (4 + 3));
+  // No more evaluations than HF's (eval_delay skips some).
+  auto evaluations = [](const auto& log) {
+    return std::count_if(log.begin(), log.end(), [](const auto& e) {
+      if constexpr (std::is_same_v<std::decay_t<decltype(e)>, json>)
+        return e.contains("eval_loss");
+      else
+        return e.count("eval_loss") > 0;
+    });
+  };
+  EXPECT_EQ(evaluations(trainer.state().log_history), evaluations(hf.at("log_history")));
 
   double to_hf = 0, to_hf_fp32 = 0;  // squared distances of all parameters
   for (const auto& param : model->named_parameters()) {
@@ -157,12 +167,24 @@ TEST(TrainerReference, AccumulationStepsAndCheckpointsMatchTransformersTrainer) 
   });
 }
 
+// HF's LabelSmoother (label_smoothing_factor 0.1, the eval loss too), eval_on_start, eval_delay
+// 2 (no evaluation at epoch 1) and lr_scheduler_kwargs (a cosine of one whole wave).
+TEST(TrainerReference, LabelSmoothingEvalOnStartAndDelayMatchTransformersTrainer) {
+  compare_with_hf("smoothing", {1e-4, 0.0}, [](mixprec::TrainingArguments& a) {
+    a.label_smoothing_factor = 0.1;
+    a.eval_on_start = true;
+    a.eval_delay = 2;
+    a.lr_scheduler_type = "cosine";
+    a.lr_scheduler_kwargs = std::map<std::string, double>{{"num_cycles", 1.0}};
+  });
+}
+
 // The tiny GPT-2 on sequences padded with -100 labels, in accumulation windows of 2, 2 and 1
 // batches (trainer_reference.py's "gpt2"): as HF's for a causal LM, the loss of a window is the
 // sum over its label tokens divided by their number (num_items_in_batch), not the mean of its
-// batches' means.
-TEST(TrainerReference, Gpt2AccumulationWeighsEveryTokenAsTransformersTrainer) {
-  const json hf = mixprec::testing::load_reference("trainer_reference.json").at("gpt2");
+// batches' means. `key` "gpt2_label_smoothing": the same through HF's LabelSmoother.
+void compare_gpt2_with_hf(const std::string& key, double label_smoothing_factor) {
+  const json hf = mixprec::testing::load_reference("trainer_reference.json").at(key);
   const fs::path tiny = fs::path(MIXPREC_REFERENCE_DIR) / "gpt2_tiny";
   auto config = mixprec::models::GPT2Config::from_json_file(tiny / "config.json");
   config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0;
@@ -200,6 +222,7 @@ TEST(TrainerReference, Gpt2AccumulationWeighsEveryTokenAsTransformersTrainer) {
   args.save_strategy = "no";
   args.include_num_input_tokens_seen = "all";
   args.disable_tqdm = true;
+  args.label_smoothing_factor = label_smoothing_factor;
   mixprec::Trainer trainer(model, args, data);
   const auto result = trainer.train();
   const double eval_loss = trainer.evaluate(data).at("eval_loss");
@@ -241,6 +264,14 @@ TEST(TrainerReference, Gpt2AccumulationWeighsEveryTokenAsTransformersTrainer) {
         << param.key();
     expect_near_rel(value.pow(2).sum().item<double>(), sum_sq, 1e-4, param.key());
   }
+}
+
+TEST(TrainerReference, Gpt2AccumulationWeighsEveryTokenAsTransformersTrainer) {
+  compare_gpt2_with_hf("gpt2", 0);
+}
+
+TEST(TrainerReference, Gpt2LabelSmoothingShiftsLabelsAsTransformersTrainer) {
+  compare_gpt2_with_hf("gpt2_label_smoothing", 0.1);
 }
 
 }  // namespace

@@ -667,6 +667,81 @@ TEST_F(TrainerTest, MetricsCarryTheEpochAndKeepPrefixedKeys) {
   const auto predicted = trainer.predict(eval_).metrics;
   EXPECT_EQ(predicted.at("test_eval_f1"), 0.5);
   EXPECT_TRUE(predicted.count("test_accuracy"));
+  // prediction_loss_only: the loss, no logits, labels nor metrics (HF's).
+  a.prediction_loss_only = true;
+  Trainer loss_only(model, a, train_, eval_, metrics);
+  const Metrics eval_loss_only = loss_only.evaluate();
+  EXPECT_TRUE(eval_loss_only.count("eval_loss"));
+  EXPECT_FALSE(eval_loss_only.count("eval_accuracy"));
+  const auto predicted_loss_only = loss_only.predict(eval_);
+  EXPECT_FALSE(predicted_loss_only.predictions.defined());
+  EXPECT_FALSE(predicted_loss_only.label_ids.defined());
+  EXPECT_TRUE(predicted_loss_only.metrics.count("test_loss"));
+  EXPECT_FALSE(predicted_loss_only.metrics.count("test_accuracy"));
+}
+
+// eval_delay with the "steps" strategy, as HF's DefaultFlowCallback: no evaluation before the
+// delay, the one at max_steps (not a multiple of eval_steps) only when the delay has passed.
+TEST_F(TrainerTest, EvalDelayCountsStepsWithTheStepsStrategy) {
+  for (const auto& [delay, expected] : std::vector<std::pair<double, std::vector<double>>>{
+           {0, {2, 4, 5}}, {4, {4, 5}}, {5, {5}}, {6, {}}}) {
+    SCOPED_TRACE("eval_delay " + std::to_string(delay));
+    auto a = args("eval_delay");
+    a.overwrite_output_dir = true;
+    a.max_steps = 5;
+    a.eval_strategy = "steps";
+    a.eval_steps = 2;
+    a.eval_delay = delay;
+    a.save_strategy = "no";
+    Classifier model;
+    Trainer trainer(model, a, train_, eval_);
+    trainer.train();
+    std::vector<double> evaluated;
+    for (const auto& entry : trainer.state().log_history)
+      if (entry.count("eval_loss")) evaluated.push_back(entry.at("step"));
+    EXPECT_EQ(evaluated, expected);
+  }
+}
+
+// HF's LabelSmoother, written out: per counted label, (1 - e) x -log p[label] + e x the mean of
+// -log p over the classes; a causal LM's position t predicts labels[t + 1].
+TEST(LabelSmoothedLoss, IsHfsLabelSmoother) {
+  torch::manual_seed(0);
+  const auto logits = torch::randn({2, 4, 5}, torch::kDouble);
+  const auto labels = torch::tensor({{1, 2, -100, 4}, {0, -100, 3, 3}});
+  const double e = 0.2;
+  auto expected = [&](bool shift, std::optional<double> divisor) {
+    const auto x = shift ? logits.slice(1, 0, 3) : logits;
+    const auto y = shift ? labels.slice(1, 1, 4) : labels;
+    const auto neg_log_p = -torch::log_softmax(x, -1);
+    double sum = 0;
+    int64_t counted = 0;
+    for (int64_t b = 0; b < y.size(0); ++b)
+      for (int64_t t = 0; t < y.size(1); ++t) {
+        const int64_t label = y[b][t].item<int64_t>();
+        if (label == -100) continue;
+        sum += (1 - e) * neg_log_p[b][t][label].item<double>() +
+               e * neg_log_p[b][t].mean().item<double>();
+        ++counted;
+      }
+    return sum / divisor.value_or(static_cast<double>(counted));
+  };
+  using mixprec::train::label_smoothed_loss;
+  EXPECT_NEAR(label_smoothed_loss(logits, labels, e, false).item<double>(),
+              expected(false, std::nullopt), 1e-6);
+  EXPECT_NEAR(label_smoothed_loss(logits, labels, e, true).item<double>(),
+              expected(true, std::nullopt), 1e-6);
+  EXPECT_NEAR(label_smoothed_loss(logits, labels, e, true, 10).item<double>(), expected(true, 10.0),
+              1e-6);
+  EXPECT_EQ(label_smoothed_loss(logits, labels, e, true).scalar_type(), torch::kFloat);
+  // Nothing to count: NaN, as HF's 0 / 0.
+  EXPECT_TRUE(
+      std::isnan(label_smoothed_loss(logits, torch::full({2, 4}, -100, torch::kLong), e, true)
+                     .item<double>()));
+  EXPECT_NE(mixprec::testing::error_of([&] {
+              label_smoothed_loss(logits, labels.slice(1, 0, 3), e, true);
+            }).find("expected labels of shape [2, 4]"),
+            std::string::npos);
 }
 
 // Weight decay skips LayerNorms, biases and norms by name, as HF's (its
@@ -731,6 +806,22 @@ TEST_F(TrainerTest, ClearErrors) {
             }).find("eval_strategy is \"epoch\" but no eval_dataset was given"),
             std::string::npos);
   a.eval_strategy = "no";
+  a.eval_on_start = true;
+  EXPECT_EQ(mixprec::testing::error_of([&] { Trainer(model, a, train_, nullptr).train(); }),
+            "Trainer::train: eval_on_start is true but no eval_dataset was given");
+  a.eval_on_start = false;
+  // Label smoothing needs logits.
+  a.label_smoothing_factor = 0.1;
+  auto loss_only = [&](const mixprec::data::Batch& batch) {
+    mixprec::models::ModelOutput out;
+    out.loss = model->forward(batch).loss;
+    return out;
+  };
+  EXPECT_EQ(mixprec::testing::error_of(
+                [&] { Trainer(model.ptr(), loss_only, a, train_, nullptr, {}, {}, {}).train(); }),
+            "Trainer: label_smoothing_factor smooths the model's logits, but the model returned "
+            "none");
+  a.label_smoothing_factor = 0;
   Trainer trainer(model, a, train_);
   trainer.train();
   Trainer again(model, a, train_);

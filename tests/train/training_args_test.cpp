@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <utility>
 #include <vector>
@@ -129,6 +130,88 @@ TEST(TrainingArguments, DependentDefaults) {
   best.save_strategy = "best";
   best.validate();
   EXPECT_FALSE(best.metric_for_best_model);
+}
+
+// As HfArgumentParser: --no_<name> for the booleans that default to true, and dashes for
+// underscores.
+TEST(TrainingArguments, NegatedFlagsAndDashesAsHfArgumentParser) {
+  const auto args = TrainingArguments::parse_args(
+      {"--no_logging_nan_inf_filter", "--no-average-tokens-across-devices",
+       "--per-device-train-batch-size", "4", "--eval-on-start", "--eval_delay=2"});
+  EXPECT_FALSE(args.logging_nan_inf_filter);
+  EXPECT_FALSE(args.average_tokens_across_devices);
+  EXPECT_EQ(args.per_device_train_batch_size, 4);
+  EXPECT_TRUE(args.eval_on_start);
+  EXPECT_EQ(args.eval_delay, 2.0);
+  EXPECT_TRUE(
+      TrainingArguments::parse_args({"--no_logging_nan_inf_filter", "--logging_nan_inf_filter"})
+          .logging_nan_inf_filter);
+  // The last flag wins, under a name or an alias.
+  EXPECT_EQ(
+      TrainingArguments::parse_args({"--evaluation_strategy", "steps", "--eval_strategy", "no"})
+          .eval_strategy,
+      "no");
+  // A boolean that defaults to false has no --no_ form; --no_ takes no value.
+  EXPECT_NE(error_of([] {
+              TrainingArguments::parse_args({"--no_fp16"});
+            }).find("unknown argument 'no_fp16'"),
+            std::string::npos);
+  EXPECT_EQ(error_of([] { TrainingArguments::parse_args({"--no_logging_nan_inf_filter=false"}); }),
+            "TrainingArguments: --no_logging_nan_inf_filter takes no value, got "
+            "'--no_logging_nan_inf_filter=false'");
+}
+
+// HF's scheduler_specific_kwargs: each schedule's own, from JSON, YAML or JSON text on the command
+// line; one the schedule does not take is an error when the arguments are read.
+TEST(TrainingArguments, LrSchedulerKwargsAreTheSchedulesOwn) {
+  using Kwargs = std::map<std::string, double>;
+  const auto cli =
+      TrainingArguments::parse_args({"--lr_scheduler_type", "polynomial", "--lr_scheduler_kwargs",
+                                     R"({"power": 2, "lr_end": 1e-6})"});
+  EXPECT_EQ(cli.lr_scheduler_kwargs, (Kwargs{{"lr_end", 1e-6}, {"power", 2}}));
+  const auto yaml = TrainingArguments::from_yaml(
+      "lr_scheduler_type: cosine\nlr_scheduler_kwargs: {num_cycles: 2}\n");
+  EXPECT_EQ(yaml.lr_scheduler_kwargs, (Kwargs{{"num_cycles", 2}}));
+  EXPECT_EQ(TrainingArguments::from_json(yaml.to_json()).lr_scheduler_kwargs,
+            yaml.lr_scheduler_kwargs);
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::from_json(R"({"lr_scheduler_kwargs": {"num_cycles": 2}})");
+            }),
+            "lr_scheduler_kwargs: the \"linear\" schedule takes no 'num_cycles' (it takes none)");
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::from_json(
+                  R"({"lr_scheduler_type": "polynomial", "lr_scheduler_kwargs": {"cycles": 2}})");
+            }),
+            "lr_scheduler_kwargs: the \"polynomial\" schedule takes no 'cycles' (it takes lr_end, "
+            "power)");
+  EXPECT_EQ(
+      error_of([] {
+        TrainingArguments::from_json(
+            R"({"lr_scheduler_type": "inverse_sqrt", "lr_scheduler_kwargs": {"timescale": 2.5}})");
+      }),
+      "lr_scheduler_kwargs: timescale must be a positive integer, got 2.5");
+  EXPECT_EQ(
+      error_of([] { TrainingArguments::from_json(R"({"lr_scheduler_kwargs": [1]})"); }),
+      "TrainingArguments: 'lr_scheduler_kwargs' expects an object of numbers, got [1] (array)");
+  EXPECT_NE(error_of([] {
+              TrainingArguments::parse_args({"--lr_scheduler_kwargs", "{num_cycles: 2}"});
+            })
+                .find("TrainingArguments: 'lr_scheduler_kwargs' expects an object of numbers, got "
+                      "\"{num_cycles: 2}\" (string), which is not JSON: "),
+            std::string::npos);
+  // cosine_with_min_lr needs one of min_lr and min_lr_rate: an error when the arguments are read.
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::from_json(R"({"lr_scheduler_type": "cosine_with_min_lr"})");
+            }),
+            "One of min_lr or min_lr_rate should be set through the `lr_scheduler_kwargs`");
+  // The constant schedules ignore them, as HF's.
+  mixprec::testing::CapturedWarnings warnings;
+  EXPECT_NO_THROW(TrainingArguments::from_json(
+      R"({"lr_scheduler_type": "constant", "lr_scheduler_kwargs": {"num_cycles": 2}})"));
+  ASSERT_EQ(warnings.messages.size(), 1u);
+  EXPECT_NE(warnings.messages[0].find("'num_cycles' is ignored"), std::string::npos);
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"label_smoothing_factor": 1.5})"); }),
+            "TrainingArguments: label_smoothing_factor must be in [0, 1], got 1.5");
 }
 
 TEST(TrainingArguments, ClearErrors) {

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -62,12 +63,22 @@ struct SchedulerOptions {
   double power = 1.0;    // polynomial
   /// inverse_sqrt: num_warmup_steps, or 10000 without warmup, when unset.
   std::optional<int64_t> timescale = std::nullopt;
+  /// cosine_with_min_lr: the lr it ends at, or that as a ratio of the optimizer's default lr;
+  /// one of the two is required.
+  std::optional<double> min_lr = std::nullopt;
+  std::optional<double> min_lr_rate = std::nullopt;
 };
 
 /// The scheduler types of `transformers.get_scheduler`: "linear", "cosine",
 /// "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-/// "inverse_sqrt".
+/// "inverse_sqrt", "cosine_with_min_lr".
 const std::vector<std::string>& scheduler_types();
+
+/// Sets the options named in `kwargs` (HF's `scheduler_specific_kwargs`, TrainingArguments'
+/// `lr_scheduler_kwargs`) for the schedule `name`: one that schedule does not take is an error
+/// naming those it takes, as HF's schedule functions refuse an unexpected keyword.
+void set_scheduler_kwargs(SchedulerOptions& options, const std::string& name,
+                          const std::map<std::string, double>& kwargs);
 
 /// `transformers.get_scheduler(name, optimizer, num_warmup_steps,
 /// num_training_steps)`: the same lr at every step. An unknown name or a

@@ -48,6 +48,14 @@ using BatchForward = std::function<models::ModelOutput(const data::Batch&)>;
 using NumItemsForward =
     std::function<models::ModelOutput(const data::Batch&, int64_t num_items_in_batch)>;
 
+/// HF's LabelSmoother (TrainingArguments::label_smoothing_factor): per label other than -100,
+/// (1 - epsilon) x the cross-entropy of `logits` (..., C) with it plus epsilon x the mean over the
+/// C classes of -log p, summed and divided by the number of such labels, or by `num_items` (HF's
+/// num_items_in_batch) when given. With `shift_labels` (a causal LM), position t predicts
+/// labels[t + 1]. In fp32 whatever the logits' dtype.
+at::Tensor label_smoothed_loss(const at::Tensor& logits, const at::Tensor& labels, double epsilon,
+                               bool shift_labels, std::optional<int64_t> num_items = std::nullopt);
+
 template <typename M>
 BatchForward forward_on_batches(M model) {
   if constexpr (requires(const data::Batch& b) {
@@ -114,6 +122,7 @@ class Trainer {
   /// Runs the model through `forward` with HF's num_items_in_batch (a causal LM's label tokens
   /// of an accumulation window), as the constructor from a model does for a model whose
   /// `forward(input_ids, labels, std::optional<int64_t> num_items_in_batch)` takes it (GPT-2).
+  /// Such a model is the Trainer's causal LM: label_smoothing_factor shifts its labels too.
   void set_num_items_forward(NumItemsForward forward);
 
   /// Trains; `resume_from_checkpoint` (or args.resume_from_checkpoint) is a

@@ -1,6 +1,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <vector>
@@ -29,12 +30,18 @@ struct TrainingArguments {
   std::string eval_strategy = "no";  // "no" | "steps" | "epoch"
   /// Defaults to logging_steps when eval_strategy is "steps".
   std::optional<double> eval_steps = std::nullopt;
+  /// Epochs ("epoch") or steps ("steps") before the first evaluation by eval_strategy.
+  double eval_delay = 0;
+  /// Evaluates once before the first step, as a sanity check.
+  bool eval_on_start = false;
   bool fp16 = false;
   bool bf16 = false;
   bool fp16_full_eval = false;
   bool bf16_full_eval = false;
   int64_t per_device_train_batch_size = 8;
   int64_t per_device_eval_batch_size = 8;
+  /// evaluate() and predict() keep only the loss: no logits, labels nor compute_metrics.
+  bool prediction_loss_only = false;
   int64_t gradient_accumulation_steps = 1;
   /// Recompute each layer's activations in the backward instead of keeping them (the model's
   /// `activation_checkpointing_enable()`; models::SupportsActivationCheckpointing). Also read
@@ -50,6 +57,11 @@ struct TrainingArguments {
   /// When > 0, the number of optimizer steps, overriding num_train_epochs.
   int64_t max_steps = -1;
   std::string lr_scheduler_type = "linear";
+  /// The schedule's own arguments, as HF's (cosine's num_cycles, polynomial's lr_end and power,
+  /// inverse_sqrt's timescale, cosine_with_min_lr's min_lr or min_lr_rate); one it does not take
+  /// is an error (the constant schedules ignore them with a warning, as HF's). A JSON object on
+  /// the command line.
+  std::optional<std::map<std::string, double>> lr_scheduler_kwargs = std::nullopt;
   /// Below 1: a ratio of the training steps (transformers 5 folded warmup_ratio in here).
   double warmup_steps = 0;
   std::string logging_strategy = "steps";  // "no" | "steps" | "epoch"
@@ -66,6 +78,10 @@ struct TrainingArguments {
   /// Defaults to false for metrics whose name ends in "loss" (eval_nll_loss too), true for
   /// the others.
   std::optional<bool> greater_is_better = std::nullopt;
+  /// HF's LabelSmoother: (1 - e) x the cross-entropy with the labels plus e x the mean over all
+  /// classes of -log p, for a model returning logits. Causal LMs (those taking
+  /// num_items_in_batch) have their labels shifted as their own loss does. 0: the model's loss.
+  double label_smoothing_factor = 0;
   int64_t seed = 42;
   std::optional<int64_t> data_seed = std::nullopt;
   int64_t dataloader_num_workers = 0;
