@@ -58,15 +58,19 @@ int64_t token_processes_of(const TrainingArguments& args, const accelerate::Acce
   return args.average_tokens_across_devices ? acc.num_processes() : 1;
 }
 
-// HF's _get_num_items_in_batch for a causal LM: the labels[..., 1:] other than -100 in
-// `batches`, summed over the `processes` (this one or all); none without labels.
+// HF's _get_num_items_in_batch: the labels other than -100 in `batches` (for a causal LM,
+// `shift`, those of labels[..., 1:]: the ones its loss predicts), summed over the `processes`
+// (this one or all); none without labels.
 std::optional<int64_t> count_label_tokens(std::span<const data::Batch> batches,
-                                          const accelerate::Accelerator& acc, int64_t processes) {
+                                          const accelerate::Accelerator& acc, int64_t processes,
+                                          bool shift) {
   if (batches.empty() || !batches.front().count("labels")) return std::nullopt;
   int64_t count = 0;
   for (const auto& batch : batches) {
     const at::Tensor& labels = batch.at("labels");
-    if (labels.size(-1) > 1)
+    if (!shift)
+      count += labels.ne(-100).sum().item<int64_t>();
+    else if (labels.size(-1) > 1)
       count += labels.narrow(-1, 1, labels.size(-1) - 1).ne(-100).sum().item<int64_t>();
   }
   if (processes > 1) count = acc.reduce(at::full({1}, count, at::kLong), "sum").item<int64_t>();
@@ -164,6 +168,7 @@ struct Trainer::Impl {
   std::shared_ptr<torch::nn::Module> module;
   BatchForward forward;
   NumItemsForward num_items_forward;  // empty: the model takes no num_items_in_batch
+  ComputeLoss compute_loss;           // empty: the model's loss (or the label smoother's)
   double label_smoothing = 0;         // args' label_smoothing_factor
   data::DatasetPtr train_dataset, eval_dataset;
   ComputeMetrics compute_metrics;
@@ -185,26 +190,42 @@ struct Trainer::Impl {
     return std::nullopt;
   }
 
-  // The model's output on a batch; with `num_items` (the model takes num_items_in_batch), its
-  // loss is divided by it and, as HF's with average_tokens_across_devices, multiplied by the
-  // `processes` whose gradients data parallel averages.
-  // With label_smoothing, the loss is HF's LabelSmoother's on the logits of the model run without
-  // labels (shifted for a causal LM, the models taking num_items_in_batch).
+  // A causal LM (a model taking num_items_in_batch): its labels are shifted where they are
+  // counted and smoothed.
+  bool causal_lm() const { return static_cast<bool>(num_items_forward); }
+  // As HF's: num_items_in_batch is counted for a model taking it or a compute_loss_func.
+  bool counts_items() const { return num_items_forward || compute_loss; }
+
+  // The model's output on a batch, as HF's compute_loss. With compute_loss or label_smoothing,
+  // the model runs without the labels and the loss comes from its outputs (HF's
+  // compute_loss_func, LabelSmoother). Else a model taking num_items_in_batch divides its loss by
+  // `num_items`. With `num_items`, as HF's with average_tokens_across_devices, the loss is
+  // multiplied by the `processes` whose gradients data parallel averages.
   models::ModelOutput run(const data::Batch& batch, std::optional<int64_t> num_items,
                           int64_t processes) const {
     models::ModelOutput out;
     const auto labels = batch.find("labels");
-    if (label_smoothing != 0 && labels != batch.end()) {
+    const bool has_labels = labels != batch.end();
+    if (compute_loss || (label_smoothing != 0 && has_labels)) {
       data::Batch inputs = batch;
       inputs.erase("labels");
       out = forward(inputs);
-      TORCH_CHECK(out.logits.defined(),
-                  "Trainer: label_smoothing_factor smooths the model's logits, but the model "
-                  "returned none");
-      out.loss =
-          label_smoothed_loss(out.logits, labels->second, label_smoothing,
-                              /*shift_labels=*/static_cast<bool>(num_items_forward), num_items);
-    } else if (num_items) {
+      const at::Tensor label_ids = has_labels ? labels->second : at::Tensor();
+      if (compute_loss) {
+        if (!has_labels) {
+          TORCH_WARN_ONCE(
+              "Trainer: compute_loss_func is defined but the batch holds no labels; it is called "
+              "with undefined labels");
+        }
+        out.loss = compute_loss(out, label_ids, num_items);
+      } else {
+        TORCH_CHECK(out.logits.defined(),
+                    "Trainer: label_smoothing_factor smooths the model's logits, but the model "
+                    "returned none");
+        out.loss =
+            label_smoothed_loss(out.logits, label_ids, label_smoothing, causal_lm(), num_items);
+      }
+    } else if (num_items && num_items_forward) {
       out = num_items_forward(batch, *num_items);
     } else {
       return forward(batch);
@@ -259,7 +280,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
                  TrainingArguments args, data::DatasetPtr train_dataset,
                  data::DatasetPtr eval_dataset, ComputeMetrics compute_metrics,
                  std::vector<std::shared_ptr<TrainerCallback>> callbacks,
-                 data::CollateFn data_collator)
+                 data::CollateFn data_collator, ComputeLoss compute_loss_func)
     : impl_(std::make_unique<Impl>()), args_(std::move(args)) {
   args_.validate();
   TORCH_CHECK(module, "Trainer: no model");
@@ -278,6 +299,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
   impl_->callbacks = std::move(callbacks);
   impl_->collate = std::move(data_collator);  // empty: the DataLoader's default
   impl_->label_smoothing = args_.label_smoothing_factor;
+  impl_->compute_loss = std::move(compute_loss_func);
   TORCH_CHECK(args_.eval_strategy == "no" || impl_->eval_dataset, "Trainer: eval_strategy is \"",
               args_.eval_strategy, "\" but no eval_dataset was given");
   TORCH_CHECK(args_.save_strategy != "best" || args_.metric_for_best_model,
@@ -568,9 +590,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         next_in_window = 0;
         for (int64_t i = step_in_epoch; i < window_start + window && it != loader.end(); ++i, ++it)
           window_batches.push_back(*it);
-        num_items_in_batch = impl.num_items_forward
-                                 ? count_label_tokens(window_batches, acc, token_processes)
-                                 : std::nullopt;
+        num_items_in_batch =
+            impl.counts_items()
+                ? count_label_tokens(window_batches, acc, token_processes, impl.causal_lm())
+                : std::nullopt;
       }
       const data::Batch batch = std::move(window_batches[next_in_window++]);
       count_tokens_and_flos(batch, flos_parameters);
@@ -599,7 +622,9 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                                acc.mixed_precision() == "no" ? "fp32" : acc.mixed_precision(),
                                ": no loss scaling to skip it)"));
       // Divided by the window's label tokens already, the loss adds up over the window.
-      const at::Tensor loss = num_items_in_batch || window == 1 ? out.loss : out.loss / window;
+      // As HF's: a compute_loss_func's loss is taken as scaled for the window already.
+      const at::Tensor loss =
+          num_items_in_batch || impl.compute_loss || window == 1 ? out.loss : out.loss / window;
       acc.backward(loss);
       const at::Tensor step_loss = loss.detach().to(at::kFloat).cpu();
       // As HF's logging_nan_inf_filter: an inf/NaN loss (a skipped fp16 step) counts as the
@@ -918,9 +943,10 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
     const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype, label_names);
     // As HF's prediction_step: a causal LM's loss over the batch's label tokens, on all
     // processes with average_tokens_across_devices.
-    const auto num_items = impl.num_items_forward
-                               ? count_label_tokens({&batch, 1}, acc, token_processes)
-                               : std::nullopt;
+    const auto num_items =
+        impl.counts_items()
+            ? count_label_tokens({&batch, 1}, acc, token_processes, impl.causal_lm())
+            : std::nullopt;
     models::ModelOutput out;
     {
       auto autocast = acc.autocast();

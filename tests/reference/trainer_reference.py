@@ -56,7 +56,21 @@ CASES = [
     {"name": "smoothing", "bf16": False,
      "args": {"label_smoothing_factor": 0.1, "eval_on_start": True, "eval_delay": 2,
               "lr_scheduler_type": "cosine", "lr_scheduler_kwargs": {"num_cycles": 1.0}}},
+    # A compute_loss_func over "accumulation"'s windows of 4, 4 and 2 batches (the last batch of
+    # 24 samples): it gets the window's labels as num_items_in_batch, and its loss is not divided
+    # by the window's length.
+    {"name": "compute_loss", "bf16": False, "compute_loss_func": True,
+     "args": {"per_device_train_batch_size": 40, "gradient_accumulation_steps": 4,
+              "max_steps": 10, "logging_strategy": "steps", "logging_steps": 2,
+              "eval_strategy": "steps", "eval_steps": 5, "save_strategy": "no"}},
 ]
+
+
+def summed_loss(outputs, labels, num_items_in_batch):
+    """A loss summed over the samples with a penalty on the logits, over num_items_in_batch."""
+    logits = outputs["logits"]
+    return (torch.nn.functional.cross_entropy(logits, labels, reduction="sum")
+            + 0.01 * logits.pow(2).sum()) / num_items_in_batch
 
 
 class MLPClassifier(torch.nn.Module):
@@ -118,7 +132,8 @@ def run(case, x, y, init):
         trainer = Trainer(model=model, args=args,
                           train_dataset=Examples(x[:N_TRAIN], y[:N_TRAIN]),
                           eval_dataset=Examples(x[N_TRAIN:], y[N_TRAIN:]),
-                          compute_metrics=accuracy)
+                          compute_metrics=accuracy,
+                          compute_loss_func=summed_loss if case.get("compute_loss_func") else None)
         with contextlib.redirect_stdout(sys.stderr):  # its PrinterCallback prints the logs
             result = trainer.train()
             final_eval = trainer.evaluate()

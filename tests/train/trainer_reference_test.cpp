@@ -32,7 +32,8 @@ void expect_near_rel(double got, double expected, double rtol, const std::string
 }
 
 void compare_with_hf(const std::string& name, Tolerance tol,
-                     const std::function<void(mixprec::TrainingArguments&)>& more_args = {}) {
+                     const std::function<void(mixprec::TrainingArguments&)>& more_args = {},
+                     mixprec::train::ComputeLoss compute_loss_func = {}) {
   const json ref = mixprec::testing::load_reference("trainer_reference.json");
   const json& hf = ref.at("cases").at(name);
   const int64_t n_train = ref.at("n_train"), features = ref.at("features");
@@ -72,7 +73,8 @@ void compare_with_hf(const std::string& name, Tolerance tol,
     return mixprec::train::Metrics{
         {"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(at::kFloat).mean().item<double>()}};
   };
-  mixprec::Trainer trainer(model, args, part(0, n_train), part(n_train, x.size(0)), accuracy);
+  mixprec::Trainer trainer(model, args, part(0, n_train), part(n_train, x.size(0)), accuracy, {},
+                           {}, std::move(compute_loss_func));
   const auto result = trainer.train();
   const auto final_eval = trainer.evaluate();
   const auto checkpoints = mixprec::testing::checkpoint_names(out);
@@ -108,8 +110,11 @@ void compare_with_hf(const std::string& name, Tolerance tol,
     }
   }
   // Per epoch (5), or per 2 of the 10 updates, a train entry (4 values); an eval entry (3) per
-  // epoch, or at updates 3, 6, 9 and 10, or ("smoothing") before the first step and from epoch 2.
-  EXPECT_GE(compared, name == "accumulation" ? 5 * 4 + 4 * 3 : 5 * (4 + 3));
+  // epoch, or at updates 3, 6, 9 and 10 ("accumulation"), 5 and 10 ("compute_loss"), or
+  // ("smoothing") before the first step and from epoch 2.
+  EXPECT_GE(compared, name == "accumulation"   ? 5 * 4 + 4 * 3
+                      : name == "compute_loss" ? 5 * 4 + 2 * 3
+                                               : 5 * (4 + 3));
   // No more evaluations than HF's (eval_delay skips some).
   auto evaluations = [](const auto& log) {
     return std::count_if(log.begin(), log.end(), [](const auto& e) {
@@ -177,6 +182,34 @@ TEST(TrainerReference, LabelSmoothingEvalOnStartAndDelayMatchTransformersTrainer
     a.lr_scheduler_type = "cosine";
     a.lr_scheduler_kwargs = std::map<std::string, double>{{"num_cycles", 1.0}};
   });
+}
+
+// HF's compute_loss_func over accumulation windows of 4, 4 and 2 batches: it gets the window's
+// labels as num_items_in_batch (the short window's too), and its loss is not divided by the
+// window's length; evaluation calls it per batch.
+TEST(TrainerReference, ComputeLossFuncGetsTheWindowsItemsAsTransformersTrainer) {
+  auto summed_loss = [](const mixprec::models::ModelOutput& outputs, const at::Tensor& labels,
+                        std::optional<int64_t> num_items_in_batch) {
+    EXPECT_FALSE(outputs.loss.defined());  // the model ran without its labels
+    return (torch::nn::functional::cross_entropy(
+                outputs.logits, labels,
+                torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) +
+            0.01 * outputs.logits.pow(2).sum()) /
+           static_cast<double>(num_items_in_batch.value());
+  };
+  compare_with_hf(
+      "compute_loss", {1e-4, 0.0},
+      [](mixprec::TrainingArguments& a) {
+        a.per_device_train_batch_size = 40;
+        a.gradient_accumulation_steps = 4;
+        a.max_steps = 10;
+        a.logging_strategy = "steps";
+        a.logging_steps = 2;
+        a.eval_strategy = "steps";
+        a.eval_steps = 5;
+        a.save_strategy = "no";
+      },
+      summed_loss);
 }
 
 // The tiny GPT-2 on sequences padded with -100 labels, in accumulation windows of 2, 2 and 1

@@ -45,6 +45,14 @@ struct PredictionOutput {
 using BatchForward = std::function<models::ModelOutput(const data::Batch&)>;
 /// A causal LM's forward with HF's `num_items_in_batch`: the label tokens (labels[..., 1:] other
 /// than -100) of the whole accumulation window, for a loss that is their sum divided by it.
+/// HF's `compute_loss_func(outputs, labels, num_items_in_batch)`: the loss from the output of the
+/// model run without its labels, the labels (undefined when the batch holds none) and
+/// num_items_in_batch (the labels other than -100 of the whole accumulation window, on all
+/// processes with average_tokens_across_devices; a causal LM's labels[..., 1:]). Its loss counts
+/// as scaled for the window already: the Trainer does not divide it by the window's length.
+using ComputeLoss =
+    std::function<at::Tensor(const models::ModelOutput& outputs, const at::Tensor& labels,
+                             std::optional<int64_t> num_items_in_batch)>;
 using NumItemsForward =
     std::function<models::ModelOutput(const data::Batch&, int64_t num_items_in_batch)>;
 
@@ -95,10 +103,10 @@ class Trainer {
   Trainer(M model, TrainingArguments args, data::DatasetPtr train_dataset,
           data::DatasetPtr eval_dataset = nullptr, ComputeMetrics compute_metrics = {},
           std::vector<std::shared_ptr<TrainerCallback>> callbacks = {},
-          data::CollateFn data_collator = {})
+          data::CollateFn data_collator = {}, ComputeLoss compute_loss_func = {})
       : Trainer(module_of(model), forward_on_batches(model), std::move(args),
                 std::move(train_dataset), std::move(eval_dataset), std::move(compute_metrics),
-                std::move(callbacks), std::move(data_collator)) {
+                std::move(callbacks), std::move(data_collator), std::move(compute_loss_func)) {
     // As HF's Trainer for a model whose forward takes loss kwargs (GPT2LMHeadModel's
     // **kwargs): every label token of an accumulation window weighs the same in the update,
     // whichever micro-batch holds it.
@@ -116,7 +124,7 @@ class Trainer {
   Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward, TrainingArguments args,
           data::DatasetPtr train_dataset, data::DatasetPtr eval_dataset,
           ComputeMetrics compute_metrics, std::vector<std::shared_ptr<TrainerCallback>> callbacks,
-          data::CollateFn data_collator);
+          data::CollateFn data_collator, ComputeLoss compute_loss_func = {});
   ~Trainer();
 
   /// Runs the model through `forward` with HF's num_items_in_batch (a causal LM's label tokens
