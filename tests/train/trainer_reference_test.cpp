@@ -152,17 +152,23 @@ TEST(TrainerReference, Bf16MatchesTransformersTrainer) {
   compare_with_hf("bf16", {2e-2, 1.0 / 128 + 1e-9});
 }
 
+// 10 batches of 40 an epoch in accumulation windows of 4, 4 and 2, for 10 updates, logged every 2
+// and evaluated by steps (CASES "accumulation" and "compute_loss" in trainer_reference.py).
+void short_windows(mixprec::TrainingArguments& a) {
+  a.per_device_train_batch_size = 40;
+  a.gradient_accumulation_steps = 4;
+  a.max_steps = 10;
+  a.logging_strategy = "steps";
+  a.logging_steps = 2;
+  a.eval_strategy = "steps";
+}
+
 // The flow of CASES' "accumulation" in trainer_reference.py: short accumulation windows, steps
 // logging, evaluation and saves with the last ones at max_steps, rotation that keeps the best
 // (step 9) and deletes the newest at the end (save_total_limit 1).
 TEST(TrainerReference, AccumulationStepsAndCheckpointsMatchTransformersTrainer) {
   compare_with_hf("accumulation", {1e-4, 0.0}, [](mixprec::TrainingArguments& a) {
-    a.per_device_train_batch_size = 40;
-    a.gradient_accumulation_steps = 4;
-    a.max_steps = 10;
-    a.logging_strategy = "steps";
-    a.logging_steps = 2;
-    a.eval_strategy = "steps";
+    short_windows(a);
     a.eval_steps = 3;
     a.save_strategy = "steps";
     a.save_steps = 3;
@@ -200,12 +206,7 @@ TEST(TrainerReference, ComputeLossFuncGetsTheWindowsItemsAsTransformersTrainer) 
   compare_with_hf(
       "compute_loss", {1e-4, 0.0},
       [](mixprec::TrainingArguments& a) {
-        a.per_device_train_batch_size = 40;
-        a.gradient_accumulation_steps = 4;
-        a.max_steps = 10;
-        a.logging_strategy = "steps";
-        a.logging_steps = 2;
-        a.eval_strategy = "steps";
+        short_windows(a);
         a.eval_steps = 5;
         a.save_strategy = "no";
       },
