@@ -16,8 +16,11 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
+#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
@@ -38,10 +41,18 @@ std::string hex(uint32_t v) {
   return buf;
 }
 
-// CRC-32C of a file's bytes: enough to catch a damaged or truncated file.
+// CRC-32C of a file's bytes, read in pieces: enough to catch a damaged or truncated file.
 std::string checksum(const std::filesystem::path& file) {
-  const std::string bytes = read_file(file);
-  return hex(log::crc32c(bytes.data(), bytes.size()));
+  TORCH_CHECK(!std::filesystem::is_directory(file), file.string(),
+              ": is a directory, expected a file");
+  std::ifstream in(file, std::ios::binary);
+  TORCH_CHECK(in.good(), file.string(), ": cannot open (", std::strerror(errno), ")");
+  std::vector<char> piece(1 << 20);
+  uint32_t crc = 0;
+  while (in.read(piece.data(), static_cast<std::streamsize>(piece.size())) || in.gcount() > 0)
+    crc = log::crc32c(piece.data(), static_cast<size_t>(in.gcount()), crc);
+  TORCH_CHECK(!in.bad(), file.string(), ": read failed");
+  return hex(crc);
 }
 
 template <typename S>

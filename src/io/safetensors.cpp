@@ -5,6 +5,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <torch/version.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
@@ -15,10 +16,10 @@
 #include <cstdio>
 #include <cstring>
 #include <fstream>
+#include <functional>
 #include <limits>
 #include <regex>
 #include <set>
-#include <sstream>
 
 namespace mixprec::io {
 
@@ -81,10 +82,17 @@ std::string read_file(const std::filesystem::path& path) {
               ": is a directory, expected a file");
   std::ifstream in(path, std::ios::binary);
   TORCH_CHECK(in.good(), path.string(), ": cannot open (", std::strerror(errno), ")");
-  std::ostringstream contents;
-  contents << in.rdbuf();
+  // Read into one buffer of the file's size (a stringstream would hold it twice); in pieces, so
+  // that a file whose size is not known ahead (a pipe) reads too.
+  std::string contents;
+  std::error_code unknown;
+  const auto size = std::filesystem::file_size(path, unknown);
+  if (!unknown) contents.reserve(size);
+  char piece[1 << 16];
+  while (in.read(piece, sizeof(piece)) || in.gcount() > 0)
+    contents.append(piece, static_cast<size_t>(in.gcount()));
   TORCH_CHECK(!in.bad(), path.string(), ": read failed");
-  return contents.str();
+  return contents;
 }
 
 void write_file_atomically(const std::filesystem::path& path, const std::string& contents) {
@@ -113,20 +121,33 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
   detail::fsync_dir(path.has_parent_path() ? path.parent_path() : ".");
 }
 
-TensorMap load_safetensors(const std::filesystem::path& path,
-                           std::map<std::string, std::string>* metadata) {
-  return parse_safetensors(read_file(path), path.string(), metadata);
-}
+namespace {
 
-TensorMap parse_safetensors(std::string_view bytes, const std::string& file,
-                            std::map<std::string, std::string>* metadata) {
-  TORCH_CHECK(bytes.size() >= 8, file, ": too short for a safetensors file (", bytes.size(),
+// One tensor of a safetensors header: where its bytes lie in the data that follows the header.
+struct Entry {
+  std::string name;
+  at::ScalarType type;
+  std::vector<int64_t> shape;
+  uint64_t begin, end;
+};
+
+// The header's length from a file's first bytes (`first` holds at least 8 of its `file_size`).
+uint64_t header_length(std::string_view first, uint64_t file_size, const std::string& file) {
+  TORCH_CHECK(file_size >= 8, file, ": too short for a safetensors file (", file_size,
               " bytes; the header length alone takes 8)");
   uint64_t header_size = 0;
-  std::memcpy(&header_size, bytes.data(), 8);  // little-endian, as x86 and ARM store it
-  TORCH_CHECK(header_size <= kMaxHeaderBytes && header_size <= bytes.size() - 8, file,
-              ": header length ", header_size, " runs past the end of the file (", bytes.size(),
+  std::memcpy(&header_size, first.data(), 8);  // little-endian, as x86 and ARM store it
+  TORCH_CHECK(header_size <= kMaxHeaderBytes && header_size <= file_size - 8, file,
+              ": header length ", header_size, " runs past the end of the file (", file_size,
               " bytes)");
+  return header_size;
+}
+
+// The tensors that the JSON `header` places in `data_size` bytes of data, checked: every claim
+// against the data, and the tensors tiling it. Metadata goes into `metadata` if given.
+std::vector<Entry> parse_header(std::string_view header_text, uint64_t data_size,
+                                const std::string& file,
+                                std::map<std::string, std::string>* metadata) {
   // Each name once: a JSON object may repeat one, and a parser keeps one of the two.
   std::set<std::string> names;
   const json::parser_callback_t reject_repeated_names = [&](int depth, json::parse_event_t event,
@@ -138,21 +159,11 @@ TensorMap parse_safetensors(std::string_view bytes, const std::string& file,
   };
   json header;
   try {
-    header = json::parse(bytes.begin() + 8, bytes.begin() + 8 + static_cast<ptrdiff_t>(header_size),
-                         reject_repeated_names);
+    header = json::parse(header_text.begin(), header_text.end(), reject_repeated_names);
   } catch (const json::exception& e) {
     TORCH_CHECK(false, file, ": malformed JSON header: ", e.what());
   }
   TORCH_CHECK(header.is_object(), file, ": the header is not a JSON object");
-  const uint64_t data_size = bytes.size() - 8 - header_size;
-  const char* data = bytes.data() + 8 + header_size;
-
-  struct Entry {
-    std::string name;
-    at::ScalarType type;
-    std::vector<int64_t> shape;
-    uint64_t begin, end;
-  };
   std::vector<Entry> entries;
   for (const auto& [name, entry] : header.items()) {
     const std::string where = file + ": tensor '" + name + "'";
@@ -214,13 +225,69 @@ TensorMap parse_safetensors(std::string_view bytes, const std::string& file,
   TORCH_CHECK(covered == data_size, file, ": the tensors' data ends at byte ", covered, " of ",
               data_size, "; the rest belongs to no tensor");
 
+  return entries;
+}
+
+// The tensors of `entries`, each filled by read(out, bytes, offset in the data).
+TensorMap make_tensors(std::vector<Entry>& entries,
+                       const std::function<void(char*, uint64_t, uint64_t)>& read) {
   TensorMap tensors;
   for (Entry& e : entries) {
     at::Tensor t = at::empty(e.shape, at::TensorOptions().dtype(e.type));
-    if (e.end > e.begin) std::memcpy(t.data_ptr(), data + e.begin, e.end - e.begin);
+    if (e.end > e.begin) read(static_cast<char*>(t.data_ptr()), e.end - e.begin, e.begin);
     tensors.emplace(std::move(e.name), std::move(t));
   }
   return tensors;
+}
+
+}  // namespace
+
+TensorMap load_safetensors(const std::filesystem::path& path,
+                           std::map<std::string, std::string>* metadata) {
+  // Each tensor's bytes are read straight into it: no copy of the whole file is ever in memory.
+  const std::string file = path.string();
+  TORCH_CHECK(!std::filesystem::is_directory(path), file, ": is a directory, expected a file");
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  TORCH_CHECK(fd >= 0, file, ": cannot open (", std::strerror(errno), ")");
+  struct Closer {
+    int fd;
+    ~Closer() { ::close(fd); }
+  } closer{fd};
+  struct stat st {};
+  TORCH_CHECK(::fstat(fd, &st) == 0, file, ": cannot stat (", std::strerror(errno), ")");
+  // A pipe or a /proc file tells no size: read it whole instead.
+  if (!S_ISREG(st.st_mode)) return parse_safetensors(read_file(path), file, metadata);
+  const auto file_size = static_cast<uint64_t>(st.st_size);
+  auto read_at = [&](char* out, uint64_t size, uint64_t offset) {
+    while (size > 0) {
+      const ssize_t n = ::pread(fd, out, size, static_cast<off_t>(offset));
+      if (n < 0 && errno == EINTR) continue;
+      TORCH_CHECK(n > 0, file, ": read failed at byte ", offset, " (",
+                  n == 0 ? "the file is shorter than it was" : std::strerror(errno), ")");
+      out += n, size -= static_cast<uint64_t>(n), offset += static_cast<uint64_t>(n);
+    }
+  };
+  char first[8] = {};
+  if (file_size >= 8) read_at(first, 8, 0);
+  const uint64_t header_size = header_length({first, 8}, file_size, file);
+  std::string header(header_size, '\0');
+  read_at(header.data(), header_size, 8);
+  const uint64_t data_start = 8 + header_size;
+  std::vector<Entry> entries = parse_header(header, file_size - data_start, file, metadata);
+  return make_tensors(entries, [&](char* out, uint64_t size, uint64_t offset) {
+    read_at(out, size, data_start + offset);
+  });
+}
+
+TensorMap parse_safetensors(std::string_view bytes, const std::string& file,
+                            std::map<std::string, std::string>* metadata) {
+  const uint64_t header_size = header_length(bytes, bytes.size(), file);
+  const uint64_t data_start = 8 + header_size;
+  std::vector<Entry> entries =
+      parse_header(bytes.substr(8, header_size), bytes.size() - data_start, file, metadata);
+  return make_tensors(entries, [&](char* out, uint64_t size, uint64_t offset) {
+    std::memcpy(out, bytes.data() + data_start + offset, size);
+  });
 }
 
 int64_t parse_size(const std::string& size) {

@@ -72,7 +72,7 @@ uint32_t masked(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u
 
 }  // namespace
 
-uint32_t crc32c(const void* data, size_t size) {
+uint32_t crc32c(const void* data, size_t size, uint32_t previous) {
   static const std::array<uint32_t, 256> table = [] {
     std::array<uint32_t, 256> t{};
     for (uint32_t i = 0; i < 256; ++i) {
@@ -82,7 +82,7 @@ uint32_t crc32c(const void* data, size_t size) {
     }
     return t;
   }();
-  uint32_t crc = 0xffffffffu;
+  uint32_t crc = previous ^ 0xffffffffu;
   const auto* p = static_cast<const unsigned char*>(data);
   for (size_t i = 0; i < size; ++i) crc = table[(crc ^ p[i]) & 0xff] ^ (crc >> 8);
   return crc ^ 0xffffffffu;

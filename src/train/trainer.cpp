@@ -603,8 +603,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       const models::ModelOutput out =
           prepared.run([&] { return impl.run(on_device, num_items_in_batch, token_processes); });
       TORCH_CHECK(out.loss.defined(),
-                  "Trainer: the model returned no loss; does the batch hold "
-                  "labels? (its keys: ",
+                  "Trainer: ", impl.compute_loss ? "compute_loss_func" : "the model",
+                  " returned no loss; does the batch hold labels? (its keys: ",
                   c10::Join(", ",
                             [&] {
                               std::vector<std::string> keys;
@@ -950,7 +950,10 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
     models::ModelOutput out;
     {
       auto autocast = acc.autocast();
-      out = impl.run(on_device, num_items, token_processes);
+      // As HF's prediction_step: a batch without labels gets no compute_loss_func loss.
+      out = impl.compute_loss && !on_device.count("labels")
+                ? impl.forward(on_device)
+                : impl.run(on_device, num_items, token_processes);
     }
     int64_t n = on_device.begin()->second.size(0);
     // Samples that only padded the ranks to equal shares are not counted (gather_for_metrics).
@@ -959,9 +962,14 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
                                    : 0);
     const auto keep = acc.gather((at::arange(n) < valid).to(at::kByte)).to(at::kBool);
     if (out.loss.defined())  // the batch's mean loss for each sample, as HF repeats it
-      losses.push_back(
-          acc.gather(out.loss.detach().to(at::kFloat).cpu().reshape({1}).expand({n}).contiguous())
-              .index({keep}));
+      losses.push_back(acc.gather(out.loss.detach()
+                                      .to(at::kFloat)
+                                      .mean()
+                                      .cpu()
+                                      .reshape({1})
+                                      .expand({n})
+                                      .contiguous())
+                           .index({keep}));
     // As HF's evaluation_loop: the ranks' batches may differ in length (padded collation).
     auto gather = [&](const at::Tensor& t) {
       return acc.gather(acc.pad_across_processes(t, 1, -100)).index({keep});

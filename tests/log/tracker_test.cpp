@@ -24,6 +24,9 @@ fs::path fresh_dir(const std::string& name) {
 TEST(Crc32c, KnownValues) {
   EXPECT_EQ(mixprec::log::crc32c("123456789", 9), 0xe3069283u);  // the standard check value
   EXPECT_EQ(mixprec::log::crc32c("", 0), 0u);
+  // In pieces, each call given the CRC so far (a checkpoint's files are summed so).
+  const uint32_t first = mixprec::log::crc32c("1234", 4);
+  EXPECT_EQ(mixprec::log::crc32c("56789", 5, first), 0xe3069283u);
 }
 
 TEST(JsonlTracker, OneObjectPerLine) {

@@ -194,9 +194,11 @@ TEST(TrainerReference, LabelSmoothingEvalOnStartAndDelayMatchTransformersTrainer
 // labels as num_items_in_batch (the short window's too), and its loss is not divided by the
 // window's length; evaluation calls it per batch.
 TEST(TrainerReference, ComputeLossFuncGetsTheWindowsItemsAsTransformersTrainer) {
-  auto summed_loss = [](const mixprec::models::ModelOutput& outputs, const at::Tensor& labels,
-                        std::optional<int64_t> num_items_in_batch) {
+  std::vector<int64_t> items;
+  auto summed_loss = [&](const mixprec::models::ModelOutput& outputs, const at::Tensor& labels,
+                         std::optional<int64_t> num_items_in_batch) {
     EXPECT_FALSE(outputs.loss.defined());  // the model ran without its labels
+    items.push_back(num_items_in_batch.value());
     return (torch::nn::functional::cross_entropy(
                 outputs.logits, labels,
                 torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum)) +
@@ -211,6 +213,11 @@ TEST(TrainerReference, ComputeLossFuncGetsTheWindowsItemsAsTransformersTrainer) 
         a.save_strategy = "no";
       },
       summed_loss);
+  // The first epoch's windows: 4 batches of 40 samples, 4 more, then 40 and the last 24; the
+  // count of the whole window reaches each of its batches.
+  ASSERT_GE(items.size(), 10u);
+  EXPECT_EQ(std::vector<int64_t>(items.begin(), items.begin() + 10),
+            (std::vector<int64_t>{160, 160, 160, 160, 160, 160, 160, 160, 64, 64}));
 }
 
 // The tiny GPT-2 on sequences padded with -100 labels, in accumulation windows of 2, 2 and 1

@@ -703,6 +703,31 @@ TEST_F(TrainerTest, EvalDelayCountsStepsWithTheStepsStrategy) {
   }
 }
 
+// compute_loss_func replaces the model's loss in evaluation too; a batch without labels gets
+// none, and no call (HF's prediction_step).
+TEST_F(TrainerTest, ComputeLossFuncLeavesBatchesWithoutLabelsAlone) {
+  auto a = args("compute_loss");
+  a.eval_strategy = "no";
+  Classifier model;
+  int calls = 0;
+  auto doubled = [&](const mixprec::models::ModelOutput& out, const at::Tensor& labels,
+                     std::optional<int64_t> num_items_in_batch) {
+    ++calls;
+    EXPECT_EQ(num_items_in_batch, labels.numel());  // an evaluation batch's own labels
+    return 2 * torch::nn::functional::cross_entropy(out.logits, labels);
+  };
+  const double plain = Trainer(model, a, train_, eval_).evaluate().at("eval_loss");
+  Trainer trainer(model, a, train_, eval_, {}, {}, {}, doubled);
+  EXPECT_NEAR(trainer.evaluate().at("eval_loss"), 2 * plain, 1e-6 * plain);
+  EXPECT_EQ(calls, 2);  // 64 samples in batches of 32
+  auto unlabelled = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"x", torch::randn({10, 6})}});
+  const auto predicted = trainer.predict(unlabelled);
+  EXPECT_EQ(calls, 2);
+  EXPECT_EQ(predicted.predictions.sizes(), (at::IntArrayRef{10, 3}));
+  EXPECT_FALSE(predicted.metrics.count("test_loss"));
+}
+
 // HF's LabelSmoother, written out: per counted label, (1 - e) x -log p[label] + e x the mean of
 // -log p over the classes; a causal LM's position t predicts labels[t + 1].
 TEST(LabelSmoothedLoss, IsHfsLabelSmoother) {

@@ -54,7 +54,8 @@ class TensorBoardTracker : public Tracker {
 std::vector<std::unique_ptr<Tracker>> make_trackers(const std::vector<std::string>& names,
                                                     const std::filesystem::path& dir);
 
-/// CRC-32C (Castagnoli), as TFRecord frames use it; also a checkpoint's checksums.json.
-uint32_t crc32c(const void* data, size_t size);
+/// CRC-32C (Castagnoli), as TFRecord frames use it; also a checkpoint's checksums.json. Of data
+/// in pieces: each piece's call gets the CRC of those before it as `previous`.
+uint32_t crc32c(const void* data, size_t size, uint32_t previous = 0);
 
 }  // namespace mixprec::log

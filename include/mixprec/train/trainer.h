@@ -43,16 +43,18 @@ struct PredictionOutput {
 /// takes the batch gets it; otherwise `forward(input_ids, labels)` (HF's
 /// contract, e.g. GPT2LMHeadModel).
 using BatchForward = std::function<models::ModelOutput(const data::Batch&)>;
-/// A causal LM's forward with HF's `num_items_in_batch`: the label tokens (labels[..., 1:] other
-/// than -100) of the whole accumulation window, for a loss that is their sum divided by it.
 /// HF's `compute_loss_func(outputs, labels, num_items_in_batch)`: the loss from the output of the
-/// model run without its labels, the labels (undefined when the batch holds none) and
-/// num_items_in_batch (the labels other than -100 of the whole accumulation window, on all
-/// processes with average_tokens_across_devices; a causal LM's labels[..., 1:]). Its loss counts
-/// as scaled for the window already: the Trainer does not divide it by the window's length.
+/// model run without its labels, the labels (undefined when a training batch holds none; an
+/// evaluation batch without labels gets no loss, as HF's) and num_items_in_batch (the labels other
+/// than -100 of the whole accumulation window, on all processes with
+/// average_tokens_across_devices; a causal LM's labels[..., 1:], see set_num_items_forward). Its
+/// loss counts as scaled for the window already: the Trainer does not divide it by the window's
+/// length.
 using ComputeLoss =
     std::function<at::Tensor(const models::ModelOutput& outputs, const at::Tensor& labels,
                              std::optional<int64_t> num_items_in_batch)>;
+/// A causal LM's forward with HF's `num_items_in_batch`: the label tokens (labels[..., 1:] other
+/// than -100) of the whole accumulation window, for a loss that is their sum divided by it.
 using NumItemsForward =
     std::function<models::ModelOutput(const data::Batch&, int64_t num_items_in_batch)>;
 
@@ -130,7 +132,9 @@ class Trainer {
   /// Runs the model through `forward` with HF's num_items_in_batch (a causal LM's label tokens
   /// of an accumulation window), as the constructor from a model does for a model whose
   /// `forward(input_ids, labels, std::optional<int64_t> num_items_in_batch)` takes it (GPT-2).
-  /// Such a model is the Trainer's causal LM: label_smoothing_factor shifts its labels too.
+  /// Such a model is the Trainer's causal LM: label_smoothing_factor shifts its labels too, and
+  /// a compute_loss_func gets its labels[..., 1:] counted. (HF tells a causal LM by its class or
+  /// loss_type, and also reads a collator's "shift_labels"; mixprec by this call only.)
   void set_num_items_forward(NumItemsForward forward);
 
   /// Trains; `resume_from_checkpoint` (or args.resume_from_checkpoint) is a
