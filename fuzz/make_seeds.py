@@ -51,6 +51,12 @@ def main():
           "metric_for_best_model: accuracy\nrun_name: 'quoted'\ndata_seed: ~\n")
     write(yaml, "flow.yaml", "{fp16: True, save_strategy: epoch, eval_strategy: epoch, "
           "load_best_model_at_end: yes, label_names: [a, b]}\n")
+    cli = out / "fuzz_training_args_cli"  # one word per line
+    write(cli, "flags.txt", "\n".join([
+        "--output-dir", "results", "--fp16", "--learning_rate=3e-4", "--report_to", "jsonl",
+        "tensorboard", "--no_logging_nan_inf_filter", "--data_seed", "None",
+        "--lr_scheduler_type", "cosine_with_min_lr", "--lr_scheduler_kwargs",
+        '{"min_lr_rate": 0.1}', "--eval_strategy", "epoch", "--evaluation_strategy", "steps"]))
 
     state = {
         "best_global_step": 20, "best_metric": 0.25,

@@ -3,7 +3,7 @@
 #include "mixprec/log/tracker.h"
 #include "mixprec/optim/adamw.h"
 
-#include "io/fsync.h"
+#include "io/file.h"
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -16,11 +16,9 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <map>
 #include <optional>
 #include <regex>
@@ -43,15 +41,9 @@ std::string hex(uint32_t v) {
 
 // CRC-32C of a file's bytes, read in pieces: enough to catch a damaged or truncated file.
 std::string checksum(const std::filesystem::path& file) {
-  TORCH_CHECK(!std::filesystem::is_directory(file), file.string(),
-              ": is a directory, expected a file");
-  std::ifstream in(file, std::ios::binary);
-  TORCH_CHECK(in.good(), file.string(), ": cannot open (", std::strerror(errno), ")");
-  std::vector<char> piece(1 << 20);
   uint32_t crc = 0;
-  while (in.read(piece.data(), static_cast<std::streamsize>(piece.size())) || in.gcount() > 0)
-    crc = log::crc32c(piece.data(), static_cast<size_t>(in.gcount()), crc);
-  TORCH_CHECK(!in.bad(), file.string(), ": read failed");
+  detail::InputFile(file).read_all(
+      1 << 20, [&](const char* data, size_t n) { crc = log::crc32c(data, n, crc); });
   return hex(crc);
 }
 

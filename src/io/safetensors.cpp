@@ -1,11 +1,10 @@
 #include "mixprec/io/safetensors.h"
 
-#include "io/fsync.h"
+#include "io/file.h"
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <fcntl.h>
-#include <sys/stat.h>
 #include <torch/version.h>
 #include <unistd.h>
 #include <nlohmann/json.hpp>
@@ -15,7 +14,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <fstream>
 #include <functional>
 #include <limits>
 #include <regex>
@@ -77,22 +75,7 @@ size_t dtype_rank(at::ScalarType type, const std::string& where) {
 }  // namespace
 
 std::string read_file(const std::filesystem::path& path) {
-  // An ifstream opens a directory and reads nothing: say what it is instead.
-  TORCH_CHECK(!std::filesystem::is_directory(path), path.string(),
-              ": is a directory, expected a file");
-  std::ifstream in(path, std::ios::binary);
-  TORCH_CHECK(in.good(), path.string(), ": cannot open (", std::strerror(errno), ")");
-  // Read into one buffer of the file's size (a stringstream would hold it twice); in pieces, so
-  // that a file whose size is not known ahead (a pipe) reads too.
-  std::string contents;
-  std::error_code unknown;
-  const auto size = std::filesystem::file_size(path, unknown);
-  if (!unknown) contents.reserve(size);
-  char piece[1 << 16];
-  while (in.read(piece, sizeof(piece)) || in.gcount() > 0)
-    contents.append(piece, static_cast<size_t>(in.gcount()));
-  TORCH_CHECK(!in.bad(), path.string(), ": read failed");
-  return contents;
+  return detail::InputFile(path).contents();
 }
 
 void write_file_atomically(const std::filesystem::path& path, const std::string& contents) {
@@ -246,36 +229,18 @@ TensorMap load_safetensors(const std::filesystem::path& path,
                            std::map<std::string, std::string>* metadata) {
   // Each tensor's bytes are read straight into it: no copy of the whole file is ever in memory.
   const std::string file = path.string();
-  TORCH_CHECK(!std::filesystem::is_directory(path), file, ": is a directory, expected a file");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  TORCH_CHECK(fd >= 0, file, ": cannot open (", std::strerror(errno), ")");
-  struct Closer {
-    int fd;
-    ~Closer() { ::close(fd); }
-  } closer{fd};
-  struct stat st {};
-  TORCH_CHECK(::fstat(fd, &st) == 0, file, ": cannot stat (", std::strerror(errno), ")");
-  // A pipe or a /proc file tells no size: read it whole instead.
-  if (!S_ISREG(st.st_mode)) return parse_safetensors(read_file(path), file, metadata);
-  const auto file_size = static_cast<uint64_t>(st.st_size);
-  auto read_at = [&](char* out, uint64_t size, uint64_t offset) {
-    while (size > 0) {
-      const ssize_t n = ::pread(fd, out, size, static_cast<off_t>(offset));
-      if (n < 0 && errno == EINTR) continue;
-      TORCH_CHECK(n > 0, file, ": read failed at byte ", offset, " (",
-                  n == 0 ? "the file is shorter than it was" : std::strerror(errno), ")");
-      out += n, size -= static_cast<uint64_t>(n), offset += static_cast<uint64_t>(n);
-    }
-  };
+  const detail::InputFile in(path);
+  if (!in.size()) return parse_safetensors(in.contents(), file, metadata);
+  const uint64_t file_size = *in.size();
   char first[8] = {};
-  if (file_size >= 8) read_at(first, 8, 0);
+  if (file_size >= 8) in.read_at(first, 8, 0);
   const uint64_t header_size = header_length({first, 8}, file_size, file);
   std::string header(header_size, '\0');
-  read_at(header.data(), header_size, 8);
+  in.read_at(header.data(), header_size, 8);
   const uint64_t data_start = 8 + header_size;
   std::vector<Entry> entries = parse_header(header, file_size - data_start, file, metadata);
   return make_tensors(entries, [&](char* out, uint64_t size, uint64_t offset) {
-    read_at(out, size, data_start + offset);
+    in.read_at(out, size, data_start + offset);
   });
 }
 

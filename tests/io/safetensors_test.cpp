@@ -7,12 +7,14 @@
 #include <torch/version.h>
 
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 namespace {
 
@@ -157,6 +159,22 @@ TEST_F(Safetensors, RoundTripsEveryDtype) {
   EXPECT_EQ(metadata.at("step"), "12");
   for (const auto& entry : fs::directory_iterator(dir_))  // no temporary left behind
     EXPECT_EQ(entry.path().extension(), ".safetensors") << entry.path();
+}
+
+// A pipe has no size to read tensors at offsets from: it is read whole, then parsed.
+TEST_F(Safetensors, APipeIsReadWhole) {
+  const mixprec::io::TensorMap tensors{{"a", torch::arange(10.0)}, {"b", torch::ones({2, 3})}};
+  save_safetensors(path("a.safetensors"), tensors);
+  const std::string bytes = mixprec::io::read_file(path("a.safetensors"));
+  ASSERT_EQ(::mkfifo(path("pipe").c_str(), 0600), 0) << std::strerror(errno);
+  std::thread writer([&] { std::ofstream(path("pipe"), std::ios::binary) << bytes; });
+  const auto loaded = load_safetensors(path("pipe"));
+  writer.join();
+  ASSERT_EQ(loaded.size(), 2u);
+  EXPECT_TRUE(torch::equal(loaded.at("a"), tensors.at("a")));
+  EXPECT_TRUE(torch::equal(loaded.at("b"), tensors.at("b")));
+  EXPECT_EQ(error_of([&] { load_safetensors(dir_); }),
+            dir_.string() + ": is a directory, expected a file");
 }
 
 TEST_F(Safetensors, ReadsWhatPythonWrites) {
