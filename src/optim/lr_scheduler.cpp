@@ -49,6 +49,16 @@ double warmup(int64_t step, int64_t warmup_steps) {
   return static_cast<double>(step) / static_cast<double>(std::max<int64_t>(1, warmup_steps));
 }
 
+// warmup_stable_decay's curves: up from 0 to 1 while warming up, down from 1 to 0 in the decay,
+// for the phase's progress p in [0, 1].
+double wsd_shape(const std::string& type, double p, bool up, double num_cycles) {
+  if (type == "linear") return up ? p : 1.0 - p;
+  if (type == "cosine")
+    return up ? 0.5 * (1.0 - std::cos(std::numbers::pi * p))
+              : 0.5 * (1.0 + std::cos(std::numbers::pi * num_cycles * 2.0 * p));
+  return up ? 1.0 - std::sqrt(1.0 - p) : 1.0 - std::sqrt(p);  // "1-sqrt"
+}
+
 double progress(int64_t step, int64_t warmup_steps, int64_t training_steps) {
   return static_cast<double>(step - warmup_steps) /
          static_cast<double>(std::max<int64_t>(1, training_steps - warmup_steps));
@@ -69,7 +79,10 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& schedules()
       {"constant", {}},
       {"constant_with_warmup", {}},
       {"inverse_sqrt", {"timescale"}},
-      {"cosine_with_min_lr", {"num_cycles", "min_lr", "min_lr_rate"}}};
+      {"cosine_with_min_lr", {"num_cycles", "min_lr", "min_lr_rate"}},
+      {"warmup_stable_decay",
+       {"num_decay_steps", "num_stable_steps", "warmup_type", "decay_type", "min_lr_ratio",
+        "num_cycles"}}};
   return all;
 }
 
@@ -90,6 +103,26 @@ void check_min_lr(const std::string& name, const SchedulerOptions& o) {
               "One of min_lr or min_lr_rate should be set through the `lr_scheduler_kwargs`");
 }
 
+// What transformers' get_wsd_schedule refuses (num_decay_steps is its required argument).
+void check_wsd(const std::string& name, const SchedulerOptions& o) {
+  if (name != "warmup_stable_decay") return;
+  TORCH_CHECK(o.num_decay_steps,
+              "warmup_stable_decay requires `num_decay_steps`; set it through the "
+              "`lr_scheduler_kwargs`");
+  for (const auto& [phase, type] : {std::pair{"warmup", o.warmup_type}, {"decay", o.decay_type}})
+    TORCH_CHECK(type == "linear" || type == "cosine" || type == "1-sqrt", "Unknown ", phase,
+                " type: ", type, ", expected 'linear', 'cosine' or '1-sqrt'");
+}
+
+// A count given as a number: an integer of at least `least`.
+int64_t count_of(const std::string& key, double value, int64_t least) {
+  const bool fits =
+      value >= static_cast<double>(least) && value == std::floor(value) && value < 0x1p63;
+  TORCH_CHECK(fits, "lr_scheduler_kwargs: ", key, " must be a ",
+              (least > 0 ? "positive" : "non-negative"), " integer, got ", value);
+  return static_cast<int64_t>(value);
+}
+
 }  // namespace
 
 const std::vector<std::string>& scheduler_types() {
@@ -102,29 +135,46 @@ const std::vector<std::string>& scheduler_types() {
 }
 
 void set_scheduler_kwargs(SchedulerOptions& options, const std::string& name,
-                          const std::map<std::string, double>& kwargs) {
+                          const SchedulerKwargs& kwargs) {
   const auto& known = keywords_of(name);
-  for (const auto& [key, value] : kwargs) {
-    if (name == "constant" || name == "constant_with_warmup") {
-      TORCH_WARN("lr_scheduler_kwargs: the \"", name, "\" schedule takes none; '", key,
-                 "' is ignored, as transformers ignores it");
-      continue;
+  if (name == "constant" || name == "constant_with_warmup") {
+    if (!kwargs.empty()) {
+      std::vector<std::string> keys;
+      for (const auto& [key, value] : kwargs) keys.push_back("'" + key + "'");
+      // Once: the arguments are checked when read, and the schedule is made again in train().
+      TORCH_WARN_ONCE(
+          "lr_scheduler_kwargs: the \"", name,
+          "\" schedule takes none; ignored, as transformers ignores them: ", c10::Join(", ", keys));
     }
+    return;
+  }
+  for (const auto& [key, value] : kwargs) {
     TORCH_CHECK(std::find(known.begin(), known.end(), key) != known.end(),
                 "lr_scheduler_kwargs: the \"", name, "\" schedule takes no '", key, "' (it takes ",
                 known.empty() ? std::string("none") : c10::Join(", ", known), ")");
-    if (key == "num_cycles") options.num_cycles = value;
-    if (key == "lr_end") options.lr_end = value;
-    if (key == "power") options.power = value;
-    if (key == "min_lr") options.min_lr = value;
-    if (key == "min_lr_rate") options.min_lr_rate = value;
-    if (key == "timescale") {
-      TORCH_CHECK(value >= 1 && value == std::floor(value) && value < 0x1p63,
-                  "lr_scheduler_kwargs: timescale must be a positive integer, got ", value);
-      options.timescale = static_cast<int64_t>(value);
+    if (key == "warmup_type" || key == "decay_type") {
+      const auto* text = std::get_if<std::string>(&value);
+      TORCH_CHECK(text, "lr_scheduler_kwargs: ", key, " must be a string, got ",
+                  std::get<double>(value));
+      (key == "warmup_type" ? options.warmup_type : options.decay_type) = *text;
+      continue;
     }
+    const auto* number = std::get_if<double>(&value);
+    TORCH_CHECK(number, "lr_scheduler_kwargs: ", key, " must be a number, got \"",
+                std::get<std::string>(value), "\"");
+    const double v = *number;
+    if (key == "num_cycles") options.num_cycles = v;
+    if (key == "lr_end") options.lr_end = v;
+    if (key == "power") options.power = v;
+    if (key == "min_lr") options.min_lr = v;
+    if (key == "min_lr_rate") options.min_lr_rate = v;
+    if (key == "min_lr_ratio") options.min_lr_ratio = v;
+    if (key == "timescale") options.timescale = count_of(key, v, 1);
+    if (key == "num_decay_steps") options.num_decay_steps = count_of(key, v, 0);
+    if (key == "num_stable_steps") options.num_stable_steps = count_of(key, v, 0);
   }
   check_min_lr(name, options);
+  check_wsd(name, options);
 }
 
 // The lambdas are transformers.optimization's, term for term.
@@ -132,6 +182,7 @@ LRScheduler get_scheduler(const std::string& name, torch::optim::Optimizer& opti
                           const SchedulerOptions& o) {
   keywords_of(name);  // an unknown name is an error listing the known ones
   check_min_lr(name, o);
+  check_wsd(name, o);
   const int64_t w = o.num_warmup_steps;
   TORCH_CHECK(w >= 0, "num_warmup_steps must be >= 0, got ", w);
   if (name == "constant") return LRScheduler(optimizer, [](int64_t) { return 1.0; });
@@ -143,6 +194,30 @@ LRScheduler get_scheduler(const std::string& name, torch::optim::Optimizer& opti
       if (s < w) return warmup(s, w);
       const auto shift = static_cast<double>(timescale - w);
       return 1.0 / std::sqrt((static_cast<double>(s) + shift) / static_cast<double>(timescale));
+    });
+  }
+  if (name == "warmup_stable_decay") {
+    TORCH_CHECK(o.num_training_steps || o.num_stable_steps,
+                "Either num_training_steps or num_stable_steps must be specified.");
+    if (o.num_training_steps && o.num_stable_steps)
+      TORCH_WARN(
+          "Both num_training_steps and num_stable_steps are specified. num_stable_steps "
+          "will be used.");
+    const int64_t decay = *o.num_decay_steps;
+    const int64_t stable = o.num_stable_steps.value_or(*o.num_training_steps - w - decay);
+    return LRScheduler(optimizer, [w, stable, decay, o](int64_t s) {
+      double factor = 0;
+      if (s < w) {
+        factor = wsd_shape(o.warmup_type, warmup(s, w), true, 0);
+      } else if (s < w + stable) {
+        return 1.0;
+      } else if (s < w + stable + decay) {
+        const double p = warmup(s - w - stable, decay);  // the decay's progress
+        factor = wsd_shape(o.decay_type, p, false, o.num_cycles.value_or(0.5));
+      } else {
+        return o.min_lr_ratio;
+      }
+      return std::max(0.0, factor * (1.0 - o.min_lr_ratio) + o.min_lr_ratio);
     });
   }
   TORCH_CHECK(o.num_training_steps.has_value(), name,

@@ -194,7 +194,7 @@ std::string type_name(const int64_t&) { return "an integer"; }
 std::string type_name(const double&) { return "a number"; }
 std::string type_name(const std::string&) { return "a string"; }
 std::string type_name(const std::vector<std::string>&) { return "a list of strings"; }
-std::string type_name(const std::map<std::string, double>&) { return "an object of numbers"; }
+std::string type_name(const optim::SchedulerKwargs&) { return "an object of numbers and strings"; }
 
 void assign_value(bool& field, const json& v, const std::string& prefix) {
   TORCH_CHECK(v.is_boolean(), prefix, " expects a boolean, got ", describe(v));
@@ -237,21 +237,38 @@ void assign_value(std::vector<std::string>& field, const json& v, const std::str
   field = v.get<std::vector<std::string>>();
 }
 
-void assign_value(std::map<std::string, double>& field, const json& v, const std::string& prefix) {
+void assign_value(optim::SchedulerKwargs& field, const json& v, const std::string& prefix) {
+  const std::string expected = " expects an object of numbers and strings, got ";
   // As HF's dict fields, also JSON text ('{"num_cycles": 2}').
   json object = v;
   if (v.is_string() && v.get<std::string>().starts_with("{")) {
     try {
       object = json::parse(v.get<std::string>());
     } catch (const json::exception& e) {
-      TORCH_CHECK(false, prefix, " expects an object of numbers, got ", describe(v),
-                  ", which is not JSON: ", e.what());
+      TORCH_CHECK(false, prefix, expected, describe(v), ", which is not JSON: ", e.what());
     }
   }
-  TORCH_CHECK(object.is_object() &&
-                  std::all_of(object.begin(), object.end(), [](auto& e) { return e.is_number(); }),
-              prefix, " expects an object of numbers, got ", describe(v));
-  field = object.get<std::map<std::string, double>>();
+  TORCH_CHECK(
+      object.is_object() && std::all_of(object.begin(), object.end(),
+                                        [](auto& e) { return e.is_number() || e.is_string(); }),
+      prefix, expected, describe(v));
+  optim::SchedulerKwargs kwargs;
+  for (const auto& [key, value] : object.items()) {
+    if (value.is_number()) {
+      kwargs.emplace(key, value.get<double>());
+    } else {
+      check_utf8(value.get<std::string>(), prefix);
+      kwargs.emplace(key, value.get<std::string>());
+    }
+  }
+  field = std::move(kwargs);
+}
+
+json to_json_value(const optim::SchedulerKwargs& field) {
+  json object = json::object();
+  for (const auto& [key, value] : field)
+    std::visit([&, &key = key](const auto& v) { object[key] = v; }, value);
+  return object;
 }
 
 json words_value(const bool&, const std::vector<std::string>& words) {
@@ -279,7 +296,7 @@ json words_value(const int64_t&, const std::vector<std::string>& words) {
 json words_value(const double&, const std::vector<std::string>& words) {
   return number_from_words(words);
 }
-json words_value(const std::map<std::string, double>&, const std::vector<std::string>& words) {
+json words_value(const optim::SchedulerKwargs&, const std::vector<std::string>& words) {
   return words_value(std::string(), words);  // JSON text, read by assign_value
 }
 

@@ -3,6 +3,8 @@
 // Internal: not installed.
 #pragma once
 
+#include "mixprec/optim/scheduler_kwargs.h"
+
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
@@ -76,7 +78,7 @@ std::string type_name(const int64_t&);
 std::string type_name(const double&);
 std::string type_name(const std::string&);
 std::string type_name(const std::vector<std::string>&);
-std::string type_name(const std::map<std::string, double>&);
+std::string type_name(const optim::SchedulerKwargs&);
 template <typename T>
 std::string type_name(const std::optional<T>&) {
   return type_name(T{}) + " or null";
@@ -87,7 +89,7 @@ void assign_value(int64_t& field, const json& v, const std::string& prefix);
 void assign_value(double& field, const json& v, const std::string& prefix);
 void assign_value(std::string& field, const json& v, const std::string& prefix);
 void assign_value(std::vector<std::string>& field, const json& v, const std::string& prefix);
-void assign_value(std::map<std::string, double>& field, const json& v, const std::string& prefix);
+void assign_value(optim::SchedulerKwargs& field, const json& v, const std::string& prefix);
 template <typename T>
 void assign_value(std::optional<T>& field, const json& v, const std::string& prefix) {
   if (v.is_null()) {
@@ -104,7 +106,13 @@ json words_value(const std::string&, const std::vector<std::string>& words);
 json words_value(const std::vector<std::string>&, const std::vector<std::string>& words);
 json words_value(const int64_t&, const std::vector<std::string>& words);
 json words_value(const double&, const std::vector<std::string>& words);
-json words_value(const std::map<std::string, double>&, const std::vector<std::string>& words);
+json words_value(const optim::SchedulerKwargs&, const std::vector<std::string>& words);
+// The field as training_args.json and help show it.
+template <typename T>
+json to_json_value(const T& field) {
+  return field;
+}
+json to_json_value(const optim::SchedulerKwargs& field);
 template <typename T>
 json words_value(const std::optional<T>&, const std::vector<std::string>& words) {
   if (!words.empty() && (words[0] == "None" || words[0] == "null")) return nullptr;
@@ -126,9 +134,9 @@ Argument argument(const char* name, T& field, std::vector<std::string> aliases) 
   a.assign = [&field](const json& v, const std::string& prefix) { assign_value(field, v, prefix); };
   a.value = [&field]() -> json {
     if constexpr (requires { field.has_value(); })
-      return field ? json(*field) : json(nullptr);
+      return field ? to_json_value(*field) : json(nullptr);
     else
-      return field;
+      return to_json_value(field);
   };
   a.from_words = [&field](const std::vector<std::string>& w) { return words_value(field, w); };
   return a;

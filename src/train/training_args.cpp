@@ -120,7 +120,7 @@ void TrainingArguments::validate() {
   {  // checked now rather than when train() makes the schedule
     optim::SchedulerOptions options;
     optim::set_scheduler_kwargs(options, lr_scheduler_type,
-                                lr_scheduler_kwargs.value_or(std::map<std::string, double>{}));
+                                lr_scheduler_kwargs.value_or(optim::SchedulerKwargs{}));
   }
   // LibTorch's cross-entropy would refuse it at the first step.
   TORCH_CHECK(label_smoothing_factor >= 0 && label_smoothing_factor <= 1,

@@ -19,6 +19,17 @@ using mixprec::optim::SchedulerOptions;
 
 json reference() { return mixprec::testing::load_reference("lr_schedules.json")["cases"]; }
 
+mixprec::optim::SchedulerKwargs kwargs_of(const json& object) {
+  mixprec::optim::SchedulerKwargs kwargs;
+  for (const auto& [key, value] : object.items()) {
+    if (value.is_string())
+      kwargs.emplace(key, value.get<std::string>());
+    else
+      kwargs.emplace(key, value.get<double>());
+  }
+  return kwargs;
+}
+
 // Two param groups with their own lr, as the reference script makes them.
 struct TwoGroups {
   torch::Tensor a = torch::zeros({1}, torch::requires_grad());
@@ -31,14 +42,13 @@ struct TwoGroups {
 
 TEST(LRScheduler, MatchesTransformersGetScheduler) {
   const json cases = reference();
-  ASSERT_EQ(cases.size(), 24u);
+  ASSERT_EQ(cases.size(), 32u);
   for (const auto& c : cases) {
     TwoGroups model;
     SchedulerOptions options{.num_warmup_steps = c["num_warmup_steps"].get<int64_t>(),
                              .num_training_steps = c["num_training_steps"].get<int64_t>()};
     // As TrainingArguments' lr_scheduler_kwargs reach it.
-    mixprec::optim::set_scheduler_kwargs(options, c["name"],
-                                         c["kwargs"].get<std::map<std::string, double>>());
+    mixprec::optim::set_scheduler_kwargs(options, c["name"], kwargs_of(c["kwargs"]));
     auto scheduler = get_scheduler(c["name"].get<std::string>(), model.sgd, options);
     const std::string label = c.dump();
     for (const auto& expected : c["lrs"]) {
@@ -102,6 +112,26 @@ TEST(LRScheduler, BadArgumentsAreClearErrors) {
                             {.num_training_steps = 5, .min_lr = 1e-3, .min_lr_rate = 0.1});
             }),
             "Only one of min_lr or min_lr_rate should be set");
+  // warmup_stable_decay: num_decay_steps is required, and a length for the stable phase.
+  EXPECT_EQ(mixprec::testing::error_of([&] {
+              get_scheduler("warmup_stable_decay", model.sgd, {.num_training_steps = 5});
+            }),
+            "warmup_stable_decay requires `num_decay_steps`; set it through the "
+            "`lr_scheduler_kwargs`");
+  EXPECT_EQ(mixprec::testing::error_of(
+                [&] { get_scheduler("warmup_stable_decay", model.sgd, {.num_decay_steps = 5}); }),
+            "Either num_training_steps or num_stable_steps must be specified.");
+  SchedulerOptions wsd{.num_training_steps = 20, .num_decay_steps = 5};
+  EXPECT_EQ(mixprec::testing::error_of([&] {
+              mixprec::optim::set_scheduler_kwargs(wsd, "warmup_stable_decay",
+                                                   {{"num_stable_steps", -1}});
+            }),
+            "lr_scheduler_kwargs: num_stable_steps must be a non-negative integer, got -1");
+  mixprec::testing::CapturedWarnings warnings;
+  wsd.num_stable_steps = 4;
+  get_scheduler("warmup_stable_decay", model.sgd, wsd);
+  ASSERT_EQ(warnings.messages.size(), 1u);
+  EXPECT_NE(warnings.messages[0].find("num_stable_steps will be used"), std::string::npos);
 }
 
 }  // namespace

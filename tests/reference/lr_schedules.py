@@ -24,6 +24,19 @@ CASES = [
         else [{}] + ([{"num_cycles": 3}] if name == "cosine_with_restarts" else [])
         + ([{"lr_end": 1e-4, "power": 2.0}] if name == "polynomial" else [])
         + ([{"timescale": 7}] if name == "inverse_sqrt" else []))
+] + [
+    # warmup_stable_decay: each warmup and decay curve, min_lr_ratio, num_cycles, and a stable
+    # phase given (which HF takes over num_training_steps, with a warning).
+    {"name": "warmup_stable_decay", "num_warmup_steps": warmup, "num_training_steps": 30,
+     "kwargs": kwargs}
+    for warmup in (0, 5)
+    for kwargs in (
+        {"num_decay_steps": 10},
+        {"num_decay_steps": 8, "warmup_type": "cosine", "decay_type": "linear",
+         "min_lr_ratio": 0.1},
+        {"num_decay_steps": 8, "num_stable_steps": 6, "warmup_type": "1-sqrt",
+         "decay_type": "1-sqrt", "min_lr_ratio": 0.05},
+        {"num_decay_steps": 12, "num_cycles": 1.0})
 ]
 
 

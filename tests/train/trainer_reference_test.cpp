@@ -186,7 +186,7 @@ TEST(TrainerReference, LabelSmoothingEvalOnStartAndDelayMatchTransformersTrainer
     a.eval_on_start = true;
     a.eval_delay = 2;
     a.lr_scheduler_type = "cosine";
-    a.lr_scheduler_kwargs = std::map<std::string, double>{{"num_cycles", 1.0}};
+    a.lr_scheduler_kwargs = mixprec::optim::SchedulerKwargs{{"num_cycles", 1.0}};
   });
 }
 

@@ -1,5 +1,7 @@
 #pragma once
 
+#include "mixprec/optim/scheduler_kwargs.h"
+
 #include <torch/optim/optimizer.h>
 
 #include <cstdint>
@@ -57,7 +59,8 @@ class LRScheduler {
 struct SchedulerOptions {
   int64_t num_warmup_steps = 0;
   std::optional<int64_t> num_training_steps = std::nullopt;
-  /// cosine: 0.5 (half a wave); cosine_with_restarts: 1 when unset.
+  /// cosine, cosine_with_min_lr, warmup_stable_decay: 0.5 (half a wave); cosine_with_restarts:
+  /// 1 when unset.
   std::optional<double> num_cycles = std::nullopt;
   double lr_end = 1e-7;  // polynomial
   double power = 1.0;    // polynomial
@@ -67,18 +70,27 @@ struct SchedulerOptions {
   /// one of the two is required.
   std::optional<double> min_lr = std::nullopt;
   std::optional<double> min_lr_rate = std::nullopt;
+  /// warmup_stable_decay (transformers' get_wsd_schedule): the decay's length is required; the
+  /// stable phase fills what warmup and decay leave of num_training_steps when unset. Warmup and
+  /// decay go between min_lr_ratio and 1 along "linear", "cosine" or "1-sqrt".
+  std::optional<int64_t> num_decay_steps = std::nullopt;
+  std::optional<int64_t> num_stable_steps = std::nullopt;
+  std::string warmup_type = "linear";
+  std::string decay_type = "cosine";
+  double min_lr_ratio = 0.0;
 };
 
 /// The scheduler types of `transformers.get_scheduler`: "linear", "cosine",
 /// "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-/// "inverse_sqrt", "cosine_with_min_lr".
+/// "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay".
 const std::vector<std::string>& scheduler_types();
 
 /// Sets the options named in `kwargs` (HF's `scheduler_specific_kwargs`, TrainingArguments'
 /// `lr_scheduler_kwargs`) for the schedule `name`: one that schedule does not take is an error
-/// naming those it takes, as HF's schedule functions refuse an unexpected keyword.
+/// naming those it takes, as HF's schedule functions refuse an unexpected keyword, and so is a
+/// value of the wrong kind. The constant schedules ignore them, with one warning per process.
 void set_scheduler_kwargs(SchedulerOptions& options, const std::string& name,
-                          const std::map<std::string, double>& kwargs);
+                          const SchedulerKwargs& kwargs);
 
 /// `transformers.get_scheduler(name, optimizer, num_warmup_steps,
 /// num_training_steps)`: the same lr at every step. An unknown name or a

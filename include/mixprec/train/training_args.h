@@ -1,5 +1,7 @@
 #pragma once
 
+#include "mixprec/optim/scheduler_kwargs.h"
+
 #include <cstdint>
 #include <map>
 #include <optional>
@@ -57,11 +59,12 @@ struct TrainingArguments {
   /// When > 0, the number of optimizer steps, overriding num_train_epochs.
   int64_t max_steps = -1;
   std::string lr_scheduler_type = "linear";
-  /// The schedule's own arguments, as HF's (cosine's num_cycles, polynomial's lr_end and power,
-  /// inverse_sqrt's timescale, cosine_with_min_lr's min_lr or min_lr_rate); one it does not take
-  /// is an error (the constant schedules ignore them with a warning, as HF's). A JSON object on
-  /// the command line.
-  std::optional<std::map<std::string, double>> lr_scheduler_kwargs = std::nullopt;
+  /// The schedule's own arguments, as HF's: cosine's num_cycles, polynomial's lr_end and power,
+  /// inverse_sqrt's timescale, cosine_with_min_lr's min_lr or min_lr_rate, warmup_stable_decay's
+  /// num_decay_steps (required), num_stable_steps, warmup_type, decay_type, min_lr_ratio and
+  /// num_cycles. One the schedule does not take is an error; the constant schedules ignore them,
+  /// as HF's, with a warning. A JSON object on the command line.
+  std::optional<optim::SchedulerKwargs> lr_scheduler_kwargs = std::nullopt;
   /// Below 1: a ratio of the training steps (transformers 5 folded warmup_ratio in here).
   double warmup_steps = 0;
   std::string logging_strategy = "steps";  // "no" | "steps" | "epoch"
