@@ -249,8 +249,24 @@ struct Trainer::Impl {
 
   template <typename Event>
   void call(const TrainingArguments& args, TrainerState& state, Event event) {
-    for (auto& cb : callbacks) event(*cb, args, state, control);
+    for (auto& cb : callbacks) {
+      cb->kwargs_ = kwargs;
+      event(*cb, args, state, control);
+    }
   }
+
+  CallbackKwargs kwargs;  // for the callbacks: the model, and train()'s objects while it runs
+  struct Training {       // sets train()'s objects, and clears them however it ends
+    CallbackKwargs& kwargs;
+    Training(CallbackKwargs& kwargs, torch::optim::Optimizer& optimizer,
+             optim::LRScheduler& schedule, data::DataLoader& loader)
+        : kwargs(kwargs) {
+      kwargs.optimizer = &optimizer;
+      kwargs.lr_scheduler = &schedule;
+      kwargs.train_dataloader = &loader;
+    }
+    ~Training() { kwargs = {.model = kwargs.model}; }
+  };
 };
 
 at::Tensor label_smoothed_loss(const at::Tensor& logits, const at::Tensor& labels, double epsilon,
@@ -292,6 +308,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
     model->activation_checkpointing_enable();
   }
   impl_->module = std::move(module);
+  impl_->kwargs.model = impl_->module.get();
   impl_->forward = std::move(forward);
   impl_->train_dataset = std::move(train_dataset);
   impl_->eval_dataset = std::move(eval_dataset);
@@ -485,6 +502,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   }
   open_trackers();
 
+  const Impl::Training training(impl.kwargs, *optimizer, schedule, loader);
   impl.in_train = true;
   impl.control = {};
   const StopSignals stop_signals;

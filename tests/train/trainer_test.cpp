@@ -478,6 +478,59 @@ TEST_F(TrainerTest, CallbacksSeeEventsAndCanStopTraining) {
                                       "epoch_end", "evaluate", "save", "train_end"}));
 }
 
+// HF's callback kwargs: the model always; the optimizer, its schedule and the train loader
+// while train() runs. A callback can change them: here every step's lr is 0, so nothing moves.
+TEST_F(TrainerTest, CallbacksReachTheModelOptimizerAndSchedule) {
+  struct Frozen : mixprec::train::TrainerCallback {
+    std::vector<std::string> seen;
+    std::vector<double> lrs_after_step_5;
+    void note(const std::string& event) {
+      const auto& k = kwargs();
+      seen.push_back(event + ":" + (k.model ? "m" : "") + (k.optimizer ? "o" : "") +
+                     (k.lr_scheduler ? "s" : "") + (k.train_dataloader ? "d" : ""));
+    }
+    void on_init_end(const TrainingArguments&, TrainerState&, TrainerControl&) override {
+      note("init");
+    }
+    void on_train_begin(const TrainingArguments&, TrainerState&, TrainerControl&) override {
+      note("train_begin");
+    }
+    void on_step_begin(const TrainingArguments&, TrainerState&, TrainerControl&) override {
+      for (auto& group : kwargs().optimizer->param_groups()) group.options().set_lr(0.0);
+    }
+    void on_step_end(const TrainingArguments&, TrainerState& state, TrainerControl&) override {
+      // The schedule has stepped: the optimizer holds its lr for the next step again.
+      const auto lrs = kwargs().lr_scheduler->get_last_lr();
+      EXPECT_EQ(kwargs().optimizer->param_groups()[0].options().get_lr(), lrs[0]);
+      if (state.global_step == 5) lrs_after_step_5 = lrs;
+    }
+    void on_evaluate(const TrainingArguments&, TrainerState&, TrainerControl&,
+                     const Metrics&) override {
+      note("evaluate");
+    }
+    void on_train_end(const TrainingArguments&, TrainerState&, TrainerControl&) override {
+      note("train_end");
+      EXPECT_EQ(kwargs().train_dataloader->size(), 10u);  // 160 samples in batches of 16
+    }
+  };
+  auto a = args("kwargs");
+  a.num_train_epochs = 1;
+  a.save_strategy = "no";
+  auto frozen = std::make_shared<Frozen>();
+  torch::manual_seed(0);
+  Classifier model;
+  const at::Tensor before = flat_params(*model).clone();
+  Trainer trainer(model, a, train_, eval_, accuracy, {frozen});
+  trainer.train();
+  trainer.evaluate();  // after train(): its optimizer, schedule and loader are gone
+  EXPECT_EQ(frozen->seen, (std::vector<std::string>{"init:m", "train_begin:mosd", "evaluate:mosd",
+                                                    "train_end:mosd", "evaluate:m"}));
+  // The linear schedule halfway through 10 steps, for both param groups (decay, no decay).
+  ASSERT_EQ(frozen->lrs_after_step_5.size(), 2u);
+  for (double lr : frozen->lrs_after_step_5) EXPECT_DOUBLE_EQ(lr, 2.5e-3);
+  EXPECT_TRUE(torch::equal(flat_params(*model), before));
+}
+
 TEST_F(TrainerTest, EarlyStoppingStopsWhenTheMetricStalls) {
   auto a = args("early");
   a.num_train_epochs = 30;

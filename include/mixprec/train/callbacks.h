@@ -8,6 +8,19 @@
 #include <string>
 #include <vector>
 
+namespace torch::nn {
+class Module;
+}
+namespace torch::optim {
+class Optimizer;
+}
+namespace mixprec::optim {
+class LRScheduler;
+}
+namespace mixprec::data {
+class DataLoader;
+}
+
 namespace mixprec::train {
 
 using Metrics = std::map<std::string, double>;
@@ -47,11 +60,32 @@ struct TrainerControl {
   bool should_log = false;
 };
 
+/// The keyword arguments HF's Trainer gives every event: its model (the module given to it,
+/// unwrapped), and during train() its optimizer, lr_scheduler and train_dataloader; null where
+/// there is none (before and after train(), these three are local to it).
+struct CallbackKwargs {
+  torch::nn::Module* model = nullptr;
+  torch::optim::Optimizer* optimizer = nullptr;
+  optim::LRScheduler* lr_scheduler = nullptr;
+  data::DataLoader* train_dataloader = nullptr;
+};
+
 /// `transformers.TrainerCallback`: hooks on the Trainer's events; each may
-/// change `control`.
+/// change `control`, and reach the training objects through `kwargs()`:
+///
+/// ```
+/// struct LogLr : TrainerCallback {
+///   void on_step_end(const TrainingArguments&, TrainerState& state, TrainerControl&) override {
+///     std::cout << state.global_step << " " << kwargs().lr_scheduler->get_last_lr()[0] << "\n";
+///   }
+/// };
+/// ```
 class TrainerCallback {
  public:
   virtual ~TrainerCallback() = default;
+  /// HF's **kwargs of the event being called.
+  const CallbackKwargs& kwargs() const { return kwargs_; }
+
   virtual void on_init_end(const TrainingArguments&, TrainerState&, TrainerControl&) {}
   virtual void on_train_begin(const TrainingArguments&, TrainerState&, TrainerControl&) {}
   virtual void on_train_end(const TrainingArguments&, TrainerState&, TrainerControl&) {}
@@ -70,6 +104,10 @@ class TrainerCallback {
   virtual void on_log(const TrainingArguments&, TrainerState&, TrainerControl&,
                       const Metrics& /*logs*/) {}
   virtual void on_prediction_step(const TrainingArguments&, TrainerState&, TrainerControl&) {}
+
+ private:
+  friend class Trainer;  // sets kwargs_ before each event
+  CallbackKwargs kwargs_;
 };
 
 /// `transformers.EarlyStoppingCallback`: stops training when the metric for
