@@ -1,8 +1,9 @@
 // Fuzzes the JSON files of a checkpoint folder: checksums.json (which
-// verify_checkpoint reads first) and optimizer.json (param groups). The first
-// byte picks the file, the rest is its text.
+// verify_checkpoint reads first) and optimizer.json (param groups, for SGD or
+// AdamW). The first byte picks the file and the optimizer, the rest is its text.
 #include "fuzz_util.h"
 #include "mixprec/io/checkpoint.h"
+#include "mixprec/optim/adamw.h"
 
 #include <torch/optim/sgd.h>
 
@@ -34,6 +35,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     std::ofstream(checkpoint_dir() / "checksums.json", std::ios::binary | std::ios::trunc) << text;
     mixprec::fuzz::expect_clear_error_or_success(
         [&] { mixprec::io::verify_checkpoint(checkpoint_dir()); });
+  } else if (data[0] & 2) {  // AdamW's hyperparameters: betas, eps, amsgrad, maximize, ...
+    static std::vector<at::Tensor> params = {at::zeros({2}), at::zeros({3})};
+    mixprec::optim::AdamW adamw(params, mixprec::optim::AdamWOptions(0.1));
+    mixprec::io::OptimizerState state{{}, text};
+    mixprec::fuzz::expect_clear_error_or_success(
+        [&] { mixprec::io::load_optimizer_state(adamw, state, "fuzz"); });
   } else {
     static std::vector<at::Tensor> params = {at::zeros({2}), at::zeros({3})};
     torch::optim::SGD sgd(params, torch::optim::SGDOptions(0.1).momentum(0.9));

@@ -106,11 +106,17 @@ def main():
     write(out / "fuzz_gpt2_config", "config.json",
           (REF / "gpt2_tiny" / "config.json").read_bytes())
 
-    ckpt = out / "fuzz_checkpoint"  # first byte: odd = checksums.json, even = optimizer.json
+    ckpt = out / "fuzz_checkpoint"
+    # first byte: odd = checksums.json; even = optimizer.json, for SGD, or with bit 2 AdamW
     write(ckpt, "checksums", "\x01" + json.dumps({"model.safetensors": "364b3fb7"}))
     write(ckpt, "checksums_bad", "\x01" + json.dumps({"model.safetensors": "00000000",
                                                       "missing.json": "1"}))
-    write(ckpt, "optimizer", "\x00" + json.dumps({"param_groups": [{"lr": 0.1, "params": 2}]}))
+    write(ckpt, "optimizer", "\x00" + json.dumps({"param_groups": [
+        {"lr": 0.1, "momentum": 0.9, "dampening": 0.0, "weight_decay": 0.0, "nesterov": True,
+         "params": 2}]}))
+    write(ckpt, "optimizer_adamw", "\x02" + json.dumps({"param_groups": [
+        {"lr": 0.1, "betas": [0.9, 0.999], "eps": 1e-8, "weight_decay": 0.01, "amsgrad": False,
+         "maximize": False, "params": 2}]}))
 
 
 if __name__ == "__main__":

@@ -109,6 +109,93 @@ Kind kind_of(const torch::optim::Optimizer& optimizer) {
               "mixprec::optim::AdamW");
 }
 
+// A param group's hyperparameters under the names of PyTorch's state_dict()["param_groups"].
+// How the optimizer computes (fused, stochastic rounding) is left out: that stays as configured.
+json hyperparameters(Kind kind, const torch::optim::OptimizerOptions& options) {
+  json group = {{"lr", options.get_lr()}};
+  auto adam_like = [&](const auto& o) {
+    group["betas"] = {std::get<0>(o.betas()), std::get<1>(o.betas())};
+    group["eps"] = o.eps();
+    group["weight_decay"] = o.weight_decay();
+    group["amsgrad"] = o.amsgrad();
+  };
+  switch (kind) {
+    case Kind::kSgd: {
+      const auto& o = static_cast<const torch::optim::SGDOptions&>(options);
+      group["momentum"] = o.momentum();
+      group["dampening"] = o.dampening();
+      group["weight_decay"] = o.weight_decay();
+      group["nesterov"] = o.nesterov();
+      break;
+    }
+    case Kind::kAdam:
+      adam_like(static_cast<const torch::optim::AdamOptions&>(options));
+      break;
+    case Kind::kTorchAdamW:
+      adam_like(static_cast<const torch::optim::AdamWOptions&>(options));
+      break;
+    case Kind::kMixprecAdamW: {
+      const auto& o = static_cast<const optim::AdamWOptions&>(options);
+      adam_like(o);
+      group["maximize"] = o.maximize();
+      break;
+    }
+  }
+  return group;
+}
+
+// `group`'s hyperparameters set on `options`, as PyTorch's load_state_dict replaces them; one
+// the group lacks (checkpoints before 2026-12-06 hold lr only) stays as it is.
+void set_hyperparameters(Kind kind, const json& group, torch::optim::OptimizerOptions& options,
+                         const std::string& where) {
+  auto number = [&](const char* key, auto set) {
+    if (!group.contains(key)) return;
+    TORCH_CHECK(group[key].is_number(), where, ": '", key, "' expects a number, got ",
+                group[key].dump());
+    set(group[key].get<double>());
+  };
+  auto boolean = [&](const char* key, auto set) {
+    if (!group.contains(key)) return;
+    TORCH_CHECK(group[key].is_boolean(), where, ": '", key, "' expects a boolean, got ",
+                group[key].dump());
+    set(group[key].get<bool>());
+  };
+  auto adam_like = [&](auto& o) {
+    if (group.contains("betas")) {
+      const json& b = group["betas"];
+      TORCH_CHECK(b.is_array() && b.size() == 2 && b[0].is_number() && b[1].is_number(), where,
+                  ": 'betas' expects two numbers, got ", b.dump());
+      o.betas({b[0].get<double>(), b[1].get<double>()});
+    }
+    number("eps", [&](double v) { o.eps(v); });
+    number("weight_decay", [&](double v) { o.weight_decay(v); });
+    boolean("amsgrad", [&](bool v) { o.amsgrad(v); });
+  };
+  switch (kind) {
+    case Kind::kSgd: {
+      auto& o = static_cast<torch::optim::SGDOptions&>(options);
+      number("momentum", [&](double v) { o.momentum(v); });
+      number("dampening", [&](double v) { o.dampening(v); });
+      number("weight_decay", [&](double v) { o.weight_decay(v); });
+      boolean("nesterov", [&](bool v) { o.nesterov(v); });
+      break;
+    }
+    case Kind::kAdam:
+      adam_like(static_cast<torch::optim::AdamOptions&>(options));
+      break;
+    case Kind::kTorchAdamW:
+      adam_like(static_cast<torch::optim::AdamWOptions&>(options));
+      break;
+    case Kind::kMixprecAdamW: {
+      auto& o = static_cast<optim::AdamWOptions&>(options);
+      adam_like(o);
+      boolean("maximize", [&](bool v) { o.maximize(v); });
+      break;
+    }
+  }
+  options.set_lr(group["lr"].get<double>());
+}
+
 }  // namespace
 
 TensorMap module_state(const torch::nn::Module& module) {
@@ -198,7 +285,9 @@ OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer) {
   json groups = json::array();
   size_t index = 0;
   for (const auto& group : optimizer.param_groups()) {
-    groups.push_back({{"lr", group.options().get_lr()}, {"params", group.params().size()}});
+    json saved = hyperparameters(kind, group.options());
+    saved["params"] = group.params().size();
+    groups.push_back(std::move(saved));
     for (const auto& param : group.params()) {
       const std::string prefix = "state." + std::to_string(index++) + ".";
       auto it = optimizer.state().find(param.unsafeGetTensorImpl());
@@ -243,8 +332,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerSta
   auto& param_groups = optimizer.param_groups();
   TORCH_CHECK(groups.size() == param_groups.size(), source, ": ", groups.size(),
               " param groups in the checkpoint, ", param_groups.size(), " in the optimizer");
-  // Check every group before changing anything.
-  std::vector<double> lrs;
+  // Check every group before changing anything: on a copy of its options first.
   for (size_t g = 0; g < param_groups.size(); ++g) {
     const json& group = groups[g];
     TORCH_CHECK(group.is_object() && group.contains("lr") && group["lr"].is_number() &&
@@ -255,7 +343,8 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerSta
                 ": param group ", g, " holds ", group["params"].get<uint64_t>(),
                 " parameters in the checkpoint, ", param_groups[g].params().size(),
                 " in the optimizer");
-    lrs.push_back(group["lr"].get<double>());
+    set_hyperparameters(kind, group, *param_groups[g].options().clone(),
+                        source + ": param group " + std::to_string(g));
   }
   // Every state is read before the optimizer changes, so a bad one leaves it as it was.
   std::vector<std::pair<c10::TensorImpl*, std::unique_ptr<torch::optim::OptimizerParamState>>>
@@ -290,7 +379,8 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerSta
       }
     }
   }
-  for (size_t g = 0; g < param_groups.size(); ++g) param_groups[g].options().set_lr(lrs[g]);
+  for (size_t g = 0; g < param_groups.size(); ++g)  // in place: references to them stay valid
+    set_hyperparameters(kind, groups[g], param_groups[g].options(), source);
   for (auto& [key, s] : states) {
     if (s)
       optimizer.state()[key] = std::move(s);

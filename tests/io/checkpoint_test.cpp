@@ -111,6 +111,59 @@ TEST(OptimizerState, ABadStateLeavesTheOptimizerAsItWas) {
   EXPECT_TRUE(state_of(p).exp_avg().is_same(p_exp_avg));  // the first param's state untouched
 }
 
+// As PyTorch's load_state_dict: the saved hyperparameters replace the optimizer's, so a resumed
+// run keeps the betas, eps, weight decay... it was saved with. A group that holds only lr (as
+// checkpoints did before the others were saved) leaves them as they are.
+TEST(OptimizerState, HyperparametersComeBackAsPyTorchsLoadStateDict) {
+  using mixprec::optim::AdamWOptions;
+  auto p = torch::ones({2}, torch::requires_grad());
+  mixprec::optim::AdamW saved({p}, AdamWOptions(0.1)
+                                       .betas({0.8, 0.95})
+                                       .eps(1e-6)
+                                       .weight_decay(0.2)
+                                       .amsgrad(true)
+                                       .maximize(true));
+  mixprec::optim::AdamW adamw({p}, AdamWOptions(0.5));
+  mixprec::io::load_optimizer_state(adamw, mixprec::io::optimizer_state(saved), "optimizer.json");
+  const auto& o = static_cast<const AdamWOptions&>(adamw.param_groups()[0].options());
+  EXPECT_EQ(o.lr(), 0.1);
+  EXPECT_EQ(o.betas(), std::make_tuple(0.8, 0.95));
+  EXPECT_EQ(o.eps(), 1e-6);
+  EXPECT_EQ(o.weight_decay(), 0.2);
+  EXPECT_TRUE(o.amsgrad());
+  EXPECT_TRUE(o.maximize());
+
+  torch::optim::SGD sgd_saved(
+      {p}, torch::optim::SGDOptions(0.1).momentum(0.9).dampening(0.1).weight_decay(0.01));
+  torch::optim::SGD sgd({p}, torch::optim::SGDOptions(0.3).nesterov(true).momentum(0.5));
+  const auto state = mixprec::io::optimizer_state(sgd_saved);
+  EXPECT_EQ(nlohmann::json::parse(state.groups_json)["param_groups"][0],
+            nlohmann::json::parse(R"({"lr": 0.1, "momentum": 0.9, "dampening": 0.1,
+                                      "weight_decay": 0.01, "nesterov": false, "params": 1})"));
+  mixprec::io::load_optimizer_state(sgd, state, "optimizer.json");
+  const auto& s = static_cast<const torch::optim::SGDOptions&>(sgd.param_groups()[0].options());
+  EXPECT_EQ(std::make_tuple(s.lr(), s.momentum(), s.dampening(), s.weight_decay(), s.nesterov()),
+            std::make_tuple(0.1, 0.9, 0.1, 0.01, false));
+
+  mixprec::io::load_optimizer_state(adamw, {{}, R"({"param_groups": [{"lr": 0.3, "params": 1}]})"},
+                                    "old.json");
+  EXPECT_EQ(o.lr(), 0.3);
+  EXPECT_EQ(o.weight_decay(), 0.2);
+  EXPECT_EQ(error_of([&] {
+              mixprec::io::load_optimizer_state(
+                  adamw, {{}, R"({"param_groups": [{"lr": 0.7, "params": 1, "betas": [0.9]}]})"},
+                  "bad.json");
+            }),
+            "bad.json: param group 0: 'betas' expects two numbers, got [0.9]");
+  EXPECT_EQ(error_of([&] {
+              mixprec::io::load_optimizer_state(
+                  adamw, {{}, R"({"param_groups": [{"lr": 0.7, "params": 1, "amsgrad": 1}]})"},
+                  "bad.json");
+            }),
+            "bad.json: param group 0: 'amsgrad' expects a boolean, got 1");
+  EXPECT_EQ(o.lr(), 0.3);  // a bad group changes nothing
+}
+
 TEST(CheckpointWriter, ReplacesAtomicallyAndCleansUp) {
   const auto root = fs::temp_directory_path() / ("mixprec_ckpt_" + std::to_string(getpid()));
   fs::remove_all(root);

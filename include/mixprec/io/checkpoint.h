@@ -29,9 +29,12 @@ void load_module_state(torch::nn::Module& module, const TensorMap& state,
 
 /// An optimizer's per-parameter state as tensors ("state.<index>.<field>",
 /// the index counting parameters across groups as PyTorch's state_dict does)
-/// and its param groups' hyperparameters as JSON text. Supports
-/// torch::optim::SGD, Adam, AdamW and mixprec::optim::AdamW; any other is an
-/// error that names its type.
+/// and its param groups' hyperparameters as JSON text, under the names of
+/// PyTorch's param_groups (lr, betas, eps, weight_decay, amsgrad, maximize;
+/// SGD's momentum, dampening, nesterov). Loading sets them on the groups, as
+/// PyTorch's load_state_dict does, but not how the optimizer computes (fused).
+/// Supports torch::optim::SGD, Adam, AdamW and mixprec::optim::AdamW; any
+/// other is an error that names its type.
 struct OptimizerState {
   TensorMap tensors;
   std::string groups_json;
