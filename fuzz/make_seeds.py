@@ -69,7 +69,14 @@ def main():
                         {"epoch": 2.0, "step": 40, "total_flos": 12345, "train_loss": 1.1,
                          "train_runtime": 3.5}],
         "logging_steps": 10, "max_steps": 40, "num_input_tokens_seen": 0,
-        "num_train_epochs": 2, "save_steps": 20, "stateful_callbacks": {}, "total_flos": 12345,
+        "num_train_epochs": 2, "save_steps": 20, "stateful_callbacks": {
+            "TrainerControl": {"args": {"should_training_stop": False, "should_epoch_stop": False,
+                                        "should_save": True, "should_evaluate": False,
+                                        "should_log": False}, "attributes": {}},
+            "EarlyStoppingCallback": [
+                {"args": {"early_stopping_patience": 3, "early_stopping_threshold": 0.0},
+                 "attributes": {"early_stopping_patience_counter": 1}}]},
+        "total_flos": 12345,
         "train_batch_size": 8, "trial_name": None, "trial_params": None}
     write(out / "fuzz_trainer_state", "trainer_state.json", json.dumps(state, indent=2))
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <array>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
@@ -308,6 +309,8 @@ std::string ByteTokenizer::id_to_token(int64_t id) const {
 // ================================================================= BPETokenizer
 
 BPETokenizer BPETokenizer::from_file(const std::string& path) {
+  if (std::filesystem::is_directory(path))
+    throw std::runtime_error(path + ": is a directory, expected a tokenizer file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw std::runtime_error(path + ": cannot open tokenizer file");
   std::ostringstream text;

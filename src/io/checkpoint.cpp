@@ -170,6 +170,12 @@ void set_hyperparameters(Kind kind, const json& group, torch::optim::OptimizerOp
     number("eps", [&](double v) { o.eps(v); });
     number("weight_decay", [&](double v) { o.weight_decay(v); });
     boolean("amsgrad", [&](bool v) { o.amsgrad(v); });
+    // What the optimizers' constructors refuse (betas of 1 would divide by 0 at the next step).
+    const auto [beta1, beta2] = o.betas();
+    TORCH_CHECK(0 <= beta1 && beta1 < 1 && 0 <= beta2 && beta2 < 1, where, ": invalid betas [",
+                beta1, ", ", beta2, "], expected each in [0, 1)");
+    TORCH_CHECK(o.eps() >= 0, where, ": invalid eps ", o.eps());
+    TORCH_CHECK(o.weight_decay() >= 0, where, ": invalid weight_decay ", o.weight_decay());
   };
   switch (kind) {
     case Kind::kSgd: {
@@ -178,6 +184,10 @@ void set_hyperparameters(Kind kind, const json& group, torch::optim::OptimizerOp
       number("dampening", [&](double v) { o.dampening(v); });
       number("weight_decay", [&](double v) { o.weight_decay(v); });
       boolean("nesterov", [&](bool v) { o.nesterov(v); });
+      TORCH_CHECK(o.momentum() >= 0, where, ": invalid momentum ", o.momentum());
+      TORCH_CHECK(o.weight_decay() >= 0, where, ": invalid weight_decay ", o.weight_decay());
+      TORCH_CHECK(!o.nesterov() || (o.momentum() > 0 && o.dampening() == 0), where,
+                  ": Nesterov momentum requires a momentum and zero dampening");
       break;
     }
     case Kind::kAdam:
@@ -193,7 +203,23 @@ void set_hyperparameters(Kind kind, const json& group, torch::optim::OptimizerOp
       break;
     }
   }
+  TORCH_CHECK(group["lr"].get<double>() >= 0, where, ": invalid learning rate ",
+              group["lr"].dump());
   options.set_lr(group["lr"].get<double>());
+}
+
+bool amsgrad_of(Kind kind, const torch::optim::OptimizerOptions& options) {
+  switch (kind) {
+    case Kind::kSgd:
+      return false;
+    case Kind::kAdam:
+      return static_cast<const torch::optim::AdamOptions&>(options).amsgrad();
+    case Kind::kTorchAdamW:
+      return static_cast<const torch::optim::AdamWOptions&>(options).amsgrad();
+    case Kind::kMixprecAdamW:
+      return static_cast<const optim::AdamWOptions&>(options).amsgrad();
+  }
+  return false;
 }
 
 }  // namespace
@@ -350,13 +376,20 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerSta
   std::vector<std::pair<c10::TensorImpl*, std::unique_ptr<torch::optim::OptimizerParamState>>>
       states;  // null: no state (never stepped)
   size_t index = 0;
-  for (const auto& group : param_groups) {
+  for (size_t g = 0; g < param_groups.size(); ++g) {
+    const auto& group = param_groups[g];
+    // The amsgrad the group will have: its stepped parameters need their max_exp_avg_sq.
+    const bool amsgrad = groups[g].contains("amsgrad") ? groups[g]["amsgrad"].get<bool>()
+                                                       : amsgrad_of(kind, group.options());
     for (const auto& param : group.params()) {
       const std::string prefix = "state." + std::to_string(index++) + ".";
       auto& [key, s] = states.emplace_back(param.unsafeGetTensorImpl(), nullptr);
       const bool present = std::any_of(state.tensors.begin(), state.tensors.end(),
                                        [&](auto& kv) { return kv.first.starts_with(prefix); });
       if (!present) continue;
+      TORCH_CHECK(!amsgrad || state.tensors.count(prefix + "max_exp_avg_sq"), source,
+                  ": missing optimizer state '", prefix, "max_exp_avg_sq': param group ", g,
+                  " uses amsgrad");
       switch (kind) {
         case Kind::kSgd: {
           auto sgd = std::make_unique<torch::optim::SGDParamState>();

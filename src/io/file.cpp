@@ -45,7 +45,7 @@ void InputFile::read_at(char* out, uint64_t size, uint64_t offset) const {
 }
 
 void InputFile::read_all(size_t piece_size,
-                         const std::function<void(const char*, size_t)>& consume) const {
+                         const std::function<void(const char*, size_t)>& consume) {
   std::vector<char> piece(piece_size);
   for (uint64_t offset = 0;;) {
     const ssize_t n = ::read(fd_, piece.data(), piece.size());
@@ -57,7 +57,7 @@ void InputFile::read_all(size_t piece_size,
   }
 }
 
-std::string InputFile::contents() const {
+std::string InputFile::contents() {
   std::string all;
   if (size_) all.reserve(*size_);
   read_all(1 << 16, [&](const char* data, size_t n) { all.append(data, n); });

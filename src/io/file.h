@@ -29,9 +29,9 @@ class InputFile {
   void read_at(char* out, uint64_t size, uint64_t offset) const;
   /// Every byte to the end, in pieces of at most `piece_size`. Once per file: it reads on from
   /// where the last read_all or contents stopped (read_at moves nothing).
-  void read_all(size_t piece_size, const std::function<void(const char*, size_t)>& consume) const;
+  void read_all(size_t piece_size, const std::function<void(const char*, size_t)>& consume);
   /// read_all into one string.
-  std::string contents() const;
+  std::string contents();
 
  private:
   std::string name_;

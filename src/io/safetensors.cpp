@@ -229,7 +229,7 @@ TensorMap load_safetensors(const std::filesystem::path& path,
                            std::map<std::string, std::string>* metadata) {
   // Each tensor's bytes are read straight into it: no copy of the whole file is ever in memory.
   const std::string file = path.string();
-  const detail::InputFile in(path);
+  detail::InputFile in(path);
   if (!in.size()) return parse_safetensors(in.contents(), file, metadata);
   const uint64_t file_size = *in.size();
   char first[8] = {};

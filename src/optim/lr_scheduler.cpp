@@ -114,12 +114,13 @@ void check_wsd(const std::string& name, const SchedulerOptions& o) {
                 " type: ", type, ", expected 'linear', 'cosine' or '1-sqrt'");
 }
 
-// A count given as a number: an integer of at least `least`.
+// A count given as a number: an integer of at least `least`, and below 2^53 (where doubles stop
+// counting one by one), so that the schedules' sums of counts cannot overflow.
 int64_t count_of(const std::string& key, double value, int64_t least) {
   const bool fits =
-      value >= static_cast<double>(least) && value == std::floor(value) && value < 0x1p63;
+      value >= static_cast<double>(least) && value == std::floor(value) && value < 0x1p53;
   TORCH_CHECK(fits, "lr_scheduler_kwargs: ", key, " must be a ",
-              (least > 0 ? "positive" : "non-negative"), " integer, got ", value);
+              (least > 0 ? "positive" : "non-negative"), " integer below 2^53, got ", value);
   return static_cast<int64_t>(value);
 }
 

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <sstream>
@@ -97,6 +98,8 @@ json parse_config_text(const std::string& text, bool yaml, const std::string& ow
 }
 
 json read_config_file(const std::string& path, const std::string& owner) {
+  TORCH_CHECK(!std::filesystem::is_directory(path), owner, ": '", path,
+              "' is a directory, expected a .json or .yaml file");
   std::ifstream in(path);
   TORCH_CHECK(in.good(), owner, ": cannot open '", path, "'");
   std::stringstream text;
@@ -254,6 +257,7 @@ void assign_value(optim::SchedulerKwargs& field, const json& v, const std::strin
       prefix, expected, describe(v));
   optim::SchedulerKwargs kwargs;
   for (const auto& [key, value] : object.items()) {
+    check_utf8(key, prefix);
     if (value.is_number()) {
       kwargs.emplace(key, value.get<double>());
     } else {

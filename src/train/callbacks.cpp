@@ -3,9 +3,11 @@
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
 namespace mixprec::train {
 
@@ -39,11 +41,33 @@ json log_entry(const Metrics& entry) {
   return out;
 }
 
+// HF's ExportableState.state() (an object of "args" and "attributes", either may be missing),
+// or a list of them: what stateful_callbacks holds under a name.
+void check_exported_state(const json& v, const std::string& where, const std::string& name) {
+  auto exported = [](const json& e) {
+    return e.is_object() && e.value("args", json::object()).is_object() &&
+           e.value("attributes", json::object()).is_object();
+  };
+  const bool ok = v.is_array() ? std::all_of(v.begin(), v.end(), exported) : exported(v);
+  TORCH_CHECK(ok, where, ": stateful_callbacks '", name,
+              "' expects {\"args\": {...}, \"attributes\": {...}} or a list of them, got ",
+              v.dump(-1, ' ', false, json::error_handler_t::replace));
+}
+
 }  // namespace
 
 std::string TrainerState::to_json() const {
   json history = json::array();
   for (const auto& entry : log_history) history.push_back(log_entry(entry));
+  json callbacks = json::object();
+  for (const auto& [name, text] : stateful_callbacks) {
+    try {
+      callbacks[name] = json::parse(text);
+    } catch (const json::exception& e) {
+      TORCH_CHECK(false, "TrainerState: stateful_callbacks '", name, "' is not JSON: ", e.what());
+    }
+    check_exported_state(callbacks[name], "TrainerState", name);
+  }
   json out = {{"best_global_step", optional_json(best_global_step)},
               {"best_metric", optional_json(best_metric)},
               {"best_model_checkpoint", optional_json(best_model_checkpoint)},
@@ -59,7 +83,7 @@ std::string TrainerState::to_json() const {
               {"num_input_tokens_seen", num_input_tokens_seen},
               {"num_train_epochs", num_train_epochs},
               {"save_steps", save_steps},
-              {"stateful_callbacks", json::object()},
+              {"stateful_callbacks", callbacks},
               {"total_flos", total_flos},
               {"train_batch_size", optional_json(train_batch_size)},
               {"trial_name", nullptr},
@@ -143,6 +167,13 @@ TrainerState TrainerState::from_json(const std::string& text, const std::string&
       s.log_history.push_back(m);
     }
   }
+  if (const json* callbacks = r.find("stateful_callbacks", false)) {
+    if (!callbacks->is_object()) r.wrong("stateful_callbacks", "an object", *callbacks);
+    for (const auto& [name, value] : callbacks->items()) {
+      check_exported_state(value, source + ": not a trainer state", name);
+      s.stateful_callbacks[name] = value.dump();
+    }
+  }
   s.best_metric = r.number("best_metric");
   s.best_global_step = r.integer("best_global_step");
   if (const json* best = r.find("best_model_checkpoint", false)) {
@@ -158,6 +189,34 @@ void EarlyStoppingCallback::on_train_begin(const TrainingArguments& args, Traine
               "EarlyStoppingCallback requires metric_for_best_model to be defined");
   TORCH_CHECK(args.eval_strategy != "no",
               "EarlyStoppingCallback requires an eval_strategy other than \"no\"");
+}
+
+std::optional<CallbackState> EarlyStoppingCallback::state() const {
+  const json state = {
+      {"args", {{"early_stopping_patience", patience_}, {"early_stopping_threshold", threshold_}}},
+      {"attributes", {{"early_stopping_patience_counter", counter_}}}};
+  return CallbackState{"EarlyStoppingCallback", state.dump()};
+}
+
+void EarlyStoppingCallback::load_state(const std::string& text) {
+  const json state = json::parse(text);  // checked when trainer_state.json was read
+  const json args = state.value("args", json::object());
+  const json attributes = state.value("attributes", json::object());
+  auto read = [&](const json& from, const char* key, auto& field) {
+    if (!from.contains(key)) return;
+    using T = std::decay_t<decltype(field)>;
+    const json& v = from[key];
+    const bool fits =
+        std::is_integral_v<T>
+            ? v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)
+            : v.is_number();
+    TORCH_CHECK(fits, "EarlyStoppingCallback: state '", key, "' expects ",
+                std::is_integral_v<T> ? "an integer" : "a number", ", got ", v.dump());
+    field = v.get<T>();
+  };
+  read(args, "early_stopping_patience", patience_);
+  read(args, "early_stopping_threshold", threshold_);
+  read(attributes, "early_stopping_patience_counter", counter_);
 }
 
 void EarlyStoppingCallback::on_evaluate(const TrainingArguments& args, TrainerState& state,

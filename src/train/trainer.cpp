@@ -7,6 +7,7 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/sgd.h>
@@ -250,9 +251,63 @@ struct Trainer::Impl {
   template <typename Event>
   void call(const TrainingArguments& args, TrainerState& state, Event event) {
     for (auto& cb : callbacks) {
+      // kwargs() holds only during an event (train()'s objects die with it); an event called
+      // from inside another (predict() in on_epoch_end) gives the outer one its own back.
+      struct Restore {
+        TrainerCallback& cb;
+        CallbackKwargs outer;
+        ~Restore() { cb.kwargs_ = outer; }
+      } restore{*cb, cb->kwargs_};
       cb->kwargs_ = kwargs;
       event(*cb, args, state, control);
     }
+  }
+
+  // HF's stateful_callbacks: TrainerControl's flags and each exportable callback's state (a list
+  // for several of one name, in the callbacks' order).
+  std::map<std::string, std::string> callback_states() const {
+    std::map<std::string, std::vector<std::string>> states;
+    const json flags = {{"should_training_stop", control.should_training_stop},
+                        {"should_epoch_stop", control.should_epoch_stop},
+                        {"should_save", control.should_save},
+                        {"should_evaluate", control.should_evaluate},
+                        {"should_log", control.should_log}};
+    states["TrainerControl"].push_back(
+        json{{"args", flags}, {"attributes", json::object()}}.dump());
+    for (const auto& cb : callbacks)
+      if (auto state = cb->state()) states[state->name].push_back(state->json);
+    std::map<std::string, std::string> out;
+    for (const auto& [name, texts] : states) {
+      std::string list;
+      for (const auto& text : texts) list += (list.empty() ? "[" : ",") + text;
+      out[name] = texts.size() == 1 ? texts[0] : list + "]";
+    }
+    return out;
+  }
+
+  // HF's _load_callback_state: each stored state to the callbacks of its name, in their order.
+  void restore_callback_states(const std::map<std::string, std::string>& stored) {
+    std::vector<std::string> not_found;
+    for (const auto& [name, text] : stored) {
+      json states = json::parse(text);  // checked when trainer_state.json was read
+      if (!states.is_array()) states = json::array({states});
+      if (states.empty()) continue;
+      // HF restores TrainerControl's flags too, but its train, epoch and step begin events
+      // clear each of them before any is read: restoring them changes nothing.
+      if (name == "TrainerControl") continue;
+      size_t given = 0;
+      for (auto& cb : callbacks) {
+        const auto state = cb->state();
+        if (state && state->name == name && given < states.size())
+          cb->load_state(states[given++].dump());
+      }
+      if (given == 0) not_found.push_back(name);
+    }
+    if (!not_found.empty())
+      TORCH_WARN(
+          "Trainer: the checkpoint holds the state of callbacks this run does not have, "
+          "ignored: ",
+          c10::Join(", ", not_found));
   }
 
   CallbackKwargs kwargs;  // for the callbacks: the model, and train()'s objects while it runs
@@ -505,6 +560,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   const Impl::Training training(impl.kwargs, *optimizer, schedule, loader);
   impl.in_train = true;
   impl.control = {};
+  if (resume_from_checkpoint && args_.restore_callback_states_from_checkpoint)
+    impl.restore_callback_states(state_.stateful_callbacks);
   const StopSignals stop_signals;
   int stopped_by = 0;
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_begin(a, s, c); });
@@ -792,6 +849,7 @@ void Trainer::save_checkpoint() {
   if (args_.metric_for_best_model && state_.best_global_step == state_.global_step)
     state_.best_model_checkpoint = dir.string();
   store_flos();
+  state_.stateful_callbacks = impl_->callback_states();
   acc.save_state(dir.string(), {{"trainer_state.json", state_.to_json()},
                                 {"training_args.json", args_.to_json()}});
   // As HF's _rotate_checkpoints: a limit of 0 or below keeps every checkpoint.

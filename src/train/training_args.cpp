@@ -85,6 +85,8 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("optim", a.optim),
       argument("report_to", a.report_to),
       argument("resume_from_checkpoint", a.resume_from_checkpoint),
+      argument("restore_callback_states_from_checkpoint",
+               a.restore_callback_states_from_checkpoint),
       argument("disable_tqdm", a.disable_tqdm),
       argument("use_cpu", a.use_cpu),
       argument("label_names", a.label_names),

@@ -149,19 +149,35 @@ TEST(OptimizerState, HyperparametersComeBackAsPyTorchsLoadStateDict) {
                                     "old.json");
   EXPECT_EQ(o.lr(), 0.3);
   EXPECT_EQ(o.weight_decay(), 0.2);
-  EXPECT_EQ(error_of([&] {
-              mixprec::io::load_optimizer_state(
-                  adamw, {{}, R"({"param_groups": [{"lr": 0.7, "params": 1, "betas": [0.9]}]})"},
-                  "bad.json");
-            }),
+  // One group of lr 0.7 with `extra`, loaded from bad.json.
+  auto error = [](torch::optim::Optimizer& optimizer, const std::string& extra) {
+    const std::string groups = R"({"param_groups": [{"lr": 0.7, "params": 1, )" + extra + "}]}";
+    return error_of([&] {
+      mixprec::io::load_optimizer_state(optimizer, {{}, groups}, "bad.json");
+    });
+  };
+  EXPECT_EQ(error(adamw, R"("betas": [0.9])"),
             "bad.json: param group 0: 'betas' expects two numbers, got [0.9]");
-  EXPECT_EQ(error_of([&] {
-              mixprec::io::load_optimizer_state(
-                  adamw, {{}, R"({"param_groups": [{"lr": 0.7, "params": 1, "amsgrad": 1}]})"},
-                  "bad.json");
-            }),
+  EXPECT_EQ(error(adamw, R"("amsgrad": 1)"),
             "bad.json: param group 0: 'amsgrad' expects a boolean, got 1");
-  EXPECT_EQ(o.lr(), 0.3);  // a bad group changes nothing
+  // What the optimizers' constructors refuse: a first step would divide by 1 - 1^t = 0.
+  EXPECT_EQ(error(adamw, R"("betas": [1, 0.9])"),
+            "bad.json: param group 0: invalid betas [1, 0.9], expected each in [0, 1)");
+  EXPECT_EQ(error(sgd, R"("nesterov": true)"),
+            "bad.json: param group 0: Nesterov momentum requires a momentum and zero dampening");
+  // A bad group changes nothing.
+  EXPECT_EQ(std::make_tuple(o.lr(), o.betas(), o.weight_decay()),
+            std::make_tuple(0.3, std::make_tuple(0.8, 0.95), 0.2));
+
+  // amsgrad on, from a state stepped without it: the next step would need max_exp_avg_sq.
+  torch::optim::Adam adam({p}, torch::optim::AdamOptions(0.1));
+  p.mutable_grad() = torch::ones({2});
+  adam.step();
+  auto stepped = mixprec::io::optimizer_state(adam);
+  stepped.groups_json = R"({"param_groups": [{"lr": 0.1, "params": 1, "amsgrad": true}]})";
+  EXPECT_EQ(error_of([&] { mixprec::io::load_optimizer_state(adam, stepped, "adam.json"); }),
+            "adam.json: missing optimizer state 'state.0.max_exp_avg_sq': param group 0 uses "
+            "amsgrad");
 }
 
 TEST(CheckpointWriter, ReplacesAtomicallyAndCleansUp) {

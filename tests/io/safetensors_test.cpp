@@ -167,9 +167,11 @@ TEST_F(Safetensors, APipeIsReadWhole) {
   save_safetensors(path("a.safetensors"), tensors);
   const std::string bytes = mixprec::io::read_file(path("a.safetensors"));
   ASSERT_EQ(::mkfifo(path("pipe").c_str(), 0600), 0) << std::strerror(errno);
-  std::thread writer([&] { std::ofstream(path("pipe"), std::ios::binary) << bytes; });
-  const auto loaded = load_safetensors(path("pipe"));
-  writer.join();
+  mixprec::io::TensorMap loaded;
+  {
+    std::jthread writer([&] { std::ofstream(path("pipe"), std::ios::binary) << bytes; });
+    loaded = load_safetensors(path("pipe"));
+  }
   ASSERT_EQ(loaded.size(), 2u);
   EXPECT_TRUE(torch::equal(loaded.at("a"), tensors.at("a")));
   EXPECT_TRUE(torch::equal(loaded.at("b"), tensors.at("b")));

@@ -122,11 +122,12 @@ TEST(LRScheduler, BadArgumentsAreClearErrors) {
                 [&] { get_scheduler("warmup_stable_decay", model.sgd, {.num_decay_steps = 5}); }),
             "Either num_training_steps or num_stable_steps must be specified.");
   SchedulerOptions wsd{.num_training_steps = 20, .num_decay_steps = 5};
-  EXPECT_EQ(mixprec::testing::error_of([&] {
-              mixprec::optim::set_scheduler_kwargs(wsd, "warmup_stable_decay",
-                                                   {{"num_stable_steps", -1}});
-            }),
-            "lr_scheduler_kwargs: num_stable_steps must be a non-negative integer, got -1");
+  EXPECT_EQ(
+      mixprec::testing::error_of([&] {
+        mixprec::optim::set_scheduler_kwargs(wsd, "warmup_stable_decay",
+                                             {{"num_stable_steps", -1}});
+      }),
+      "lr_scheduler_kwargs: num_stable_steps must be a non-negative integer below 2^53, got -1");
   mixprec::testing::CapturedWarnings warnings;
   wsd.num_stable_steps = 4;
   get_scheduler("warmup_stable_decay", model.sgd, wsd);

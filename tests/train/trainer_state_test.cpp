@@ -27,6 +27,9 @@ TEST(TrainerState, RoundTripsThroughJson) {
   s.best_metric = 0.25;
   s.best_model_checkpoint = "out/checkpoint-20";
   s.log_history = {{{"loss", 0.5}, {"step", 10}}, {{"eval_loss", 0.25}, {"step", 20}}};
+  s.stateful_callbacks = {
+      {"TrainerControl", R"({"args":{"should_save":true},"attributes":{}})"},
+      {"Mine", R"([{"args":{"n":1},"attributes":{}},{"args":{"n":2},"attributes":{}}])"}};
   const std::string text = s.to_json();
   const auto read = TrainerState::from_json(text, "x");
   EXPECT_EQ(read.to_json(), text);
@@ -36,6 +39,7 @@ TEST(TrainerState, RoundTripsThroughJson) {
   EXPECT_EQ(read.best_metric, 0.25);
   EXPECT_EQ(read.best_model_checkpoint, "out/checkpoint-20");
   EXPECT_EQ(read.log_history, s.log_history);
+  EXPECT_EQ(read.stateful_callbacks, s.stateful_callbacks);
 }
 
 // Known-bad trainer_state.json files: a clear error that names the file and the key.
@@ -59,6 +63,11 @@ TEST(TrainerState, BadFilesNameTheFileAndKey) {
   EXPECT_TRUE(has(error_loading(R"({"epoch": 1, "global_step": 1, "log_history": [],
                                     "best_model_checkpoint": 7})"),
                   "'best_model_checkpoint' expects a string or null, got 7"));
+  EXPECT_TRUE(has(error_loading(R"({"epoch": 1, "global_step": 1, "log_history": [],
+                                    "stateful_callbacks": {"EarlyStoppingCallback": {"args": 3}}})"),
+                  "ckpt/trainer_state.json: not a trainer state: stateful_callbacks "
+                  "'EarlyStoppingCallback' expects {\"args\": {...}, \"attributes\": {...}} or "
+                  "a list of them, got {\"args\":3}"));
   // HF writes a ratio for steps below 1; it is read as before (truncated).
   EXPECT_EQ(TrainerState::from_json(R"({"epoch": 1, "global_step": 2, "log_history": [],
                                         "logging_steps": 0.5})",

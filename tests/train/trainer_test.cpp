@@ -434,6 +434,7 @@ TEST_F(TrainerTest, RotationKeepsTheBestAndLoadsItAtTheEnd) {
 struct Recorder : mixprec::train::TrainerCallback {
   std::vector<std::string> events;
   std::function<void()> at_first_epoch_end;
+  bool optimizer_after_nested_event = false;
   void on_train_begin(const TrainingArguments&, mixprec::train::TrainerState&,
                       mixprec::train::TrainerControl&) override {
     events.push_back("train_begin");
@@ -441,7 +442,10 @@ struct Recorder : mixprec::train::TrainerCallback {
   void on_epoch_end(const TrainingArguments&, mixprec::train::TrainerState&,
                     mixprec::train::TrainerControl&) override {
     events.push_back("epoch_end");
-    if (at_first_epoch_end) std::exchange(at_first_epoch_end, nullptr)();
+    if (at_first_epoch_end) {
+      std::exchange(at_first_epoch_end, nullptr)();
+      optimizer_after_nested_event = kwargs().optimizer != nullptr;
+    }
   }
   void on_predict(const TrainingArguments&, mixprec::train::TrainerState&,
                   mixprec::train::TrainerControl&, const Metrics&) override {
@@ -476,6 +480,7 @@ TEST_F(TrainerTest, CallbacksSeeEventsAndCanStopTraining) {
   EXPECT_EQ(recorder->events,
             (std::vector<std::string>{"train_begin", "epoch_end", "predict", "evaluate", "save",
                                       "epoch_end", "evaluate", "save", "train_end"}));
+  EXPECT_TRUE(recorder->optimizer_after_nested_event);  // predict()'s events left it in place
 }
 
 // HF's callback kwargs: the model always; the optimizer, its schedule and the train loader
@@ -529,6 +534,7 @@ TEST_F(TrainerTest, CallbacksReachTheModelOptimizerAndSchedule) {
   ASSERT_EQ(frozen->lrs_after_step_5.size(), 2u);
   for (double lr : frozen->lrs_after_step_5) EXPECT_DOUBLE_EQ(lr, 2.5e-3);
   EXPECT_TRUE(torch::equal(flat_params(*model), before));
+  EXPECT_EQ(frozen->kwargs().model, nullptr);  // outside an event, nothing: none dangles
 }
 
 TEST_F(TrainerTest, EarlyStoppingStopsWhenTheMetricStalls) {
@@ -541,6 +547,38 @@ TEST_F(TrainerTest, EarlyStoppingStopsWhenTheMetricStalls) {
   Classifier model;
   Trainer trainer(model, a, train_, eval_, accuracy, {early});
   EXPECT_EQ(trainer.train().global_step, 30);  // epochs 1, 2, 3; stopped after the third
+}
+
+// HF's stateful callbacks: every checkpoint's trainer_state.json holds EarlyStoppingCallback's
+// patience counter (and TrainerControl's flags), which transformers reads back. A run resumed
+// with restore_callback_states_from_checkpoint stops where the uninterrupted run stopped; without
+// it, the counter starts again at 0 and the run goes one evaluation further.
+TEST_F(TrainerTest, EarlyStoppingStateSurvivesAResume) {
+  auto a = args("early_resume");
+  a.num_train_epochs = 30;
+  a.metric_for_best_model = "loss";
+  a.learning_rate = 0.0;  // nothing improves after the first evaluation
+  auto run = [&](std::optional<std::string> resume, bool restore) {
+    a.restore_callback_states_from_checkpoint = restore;
+    torch::manual_seed(0);
+    Classifier model;
+    auto early = std::make_shared<mixprec::train::EarlyStoppingCallback>(/*patience=*/3);
+    Trainer trainer(model, a, train_, eval_, accuracy, {early});
+    return trainer.train(resume).global_step;
+  };
+  EXPECT_EQ(run(std::nullopt, false), 40);  // counter 1, 2, 3 after epochs 2, 3, 4
+  const auto checkpoint = fs::path(a.output_dir) / "checkpoint-20";
+  const json read = json::parse(mixprec::testing::run_reference_script(
+      "check_trainer_state.py " + (checkpoint / "trainer_state.json").string()));
+  const json& restored = read["restored_callbacks"];
+  EXPECT_EQ(restored["EarlyStoppingCallback"],
+            json::parse(R"({"args": {"early_stopping_patience": 3, "early_stopping_threshold": 0.0},
+                            "attributes": {"early_stopping_patience_counter": 1}})"));
+  EXPECT_EQ(restored["TrainerControl"]["attributes"], json::object());
+  EXPECT_EQ(restored["TrainerControl"]["args"].size(), 5u);
+
+  EXPECT_EQ(run(checkpoint.string(), true), 40);
+  EXPECT_EQ(run(checkpoint.string(), false), 50);
 }
 
 // train() again, as HF allows: the second run makes its optimizer, schedule and data position

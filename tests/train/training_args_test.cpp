@@ -221,7 +221,7 @@ TEST(TrainingArguments, LrSchedulerKwargsAreTheSchedulesOwn) {
         TrainingArguments::from_json(
             R"({"lr_scheduler_type": "inverse_sqrt", "lr_scheduler_kwargs": {"timescale": 2.5}})");
       }),
-      "lr_scheduler_kwargs: timescale must be a positive integer, got 2.5");
+      "lr_scheduler_kwargs: timescale must be a positive integer below 2^53, got 2.5");
   EXPECT_EQ(
       error_of([] { TrainingArguments::from_json(R"({"lr_scheduler_kwargs": [1]})"); }),
       "TrainingArguments: 'lr_scheduler_kwargs' expects an object of numbers and strings, got [1] "

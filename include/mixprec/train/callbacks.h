@@ -45,6 +45,9 @@ struct TrainerState {
   std::optional<std::string> best_model_checkpoint = std::nullopt;
   bool is_local_process_zero = true;
   bool is_world_process_zero = true;
+  /// HF's stateful_callbacks: each exportable callback's state by its name (TrainerControl's
+  /// too), as JSON text: an object, or a list of them for several callbacks of one name.
+  std::map<std::string, std::string> stateful_callbacks = {};
 
   std::string to_json() const;
   /// Reads trainer_state.json; `source` names it in errors.
@@ -58,6 +61,13 @@ struct TrainerControl {
   bool should_save = false;
   bool should_evaluate = false;
   bool should_log = false;
+};
+
+/// HF's ExportableState: what a resumed run needs of a callback (EarlyStoppingCallback's patience
+/// counter), as JSON text {"args": {...}, "attributes": {...}} under the callback's name.
+struct CallbackState {
+  std::string name;  // the key in trainer_state.json's stateful_callbacks: HF's class name
+  std::string json;
 };
 
 /// The keyword arguments HF's Trainer gives every event: its model (the module given to it,
@@ -83,7 +93,7 @@ struct CallbackKwargs {
 class TrainerCallback {
  public:
   virtual ~TrainerCallback() = default;
-  /// HF's **kwargs of the event being called.
+  /// HF's **kwargs of the event being called; all null outside an event.
   const CallbackKwargs& kwargs() const { return kwargs_; }
 
   virtual void on_init_end(const TrainingArguments&, TrainerState&, TrainerControl&) {}
@@ -105,6 +115,13 @@ class TrainerCallback {
                       const Metrics& /*logs*/) {}
   virtual void on_prediction_step(const TrainingArguments&, TrainerState&, TrainerControl&) {}
 
+  /// HF's ExportableState.state(): saved in every checkpoint's trainer_state.json. None (the
+  /// default): the callback keeps no state across a resume.
+  virtual std::optional<CallbackState> state() const { return std::nullopt; }
+  /// What state() saved, given back on a resume with restore_callback_states_from_checkpoint
+  /// (HF makes the callback anew from its args and sets its attributes).
+  virtual void load_state(const std::string& /*json*/) {}
+
  private:
   friend class Trainer;  // sets kwargs_ before each event
   CallbackKwargs kwargs_;
@@ -120,6 +137,10 @@ class EarlyStoppingCallback : public TrainerCallback {
   void on_train_begin(const TrainingArguments& args, TrainerState&, TrainerControl&) override;
   void on_evaluate(const TrainingArguments& args, TrainerState& state, TrainerControl& control,
                    const Metrics& metrics) override;
+  /// HF's: {"args": {"early_stopping_patience", "early_stopping_threshold"},
+  /// "attributes": {"early_stopping_patience_counter"}}.
+  std::optional<CallbackState> state() const override;
+  void load_state(const std::string& json) override;
   int64_t patience_counter() const { return counter_; }
 
  private:

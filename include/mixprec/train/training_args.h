@@ -100,6 +100,9 @@ struct TrainingArguments {
   /// "tensorboard", "jsonl", "all" or "none"; validate() leaves the trackers to use.
   std::vector<std::string> report_to = {"none"};
   std::optional<std::string> resume_from_checkpoint = std::nullopt;
+  /// On a resume, give the callbacks their states from the checkpoint's trainer_state.json
+  /// (TrainerCallback::state; EarlyStoppingCallback's patience counter).
+  bool restore_callback_states_from_checkpoint = false;
   /// Defaults to off when stdout is a terminal, on otherwise.
   std::optional<bool> disable_tqdm = std::nullopt;
   bool use_cpu = false;
