@@ -359,6 +359,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerSta
   TORCH_CHECK(groups.size() == param_groups.size(), source, ": ", groups.size(),
               " param groups in the checkpoint, ", param_groups.size(), " in the optimizer");
   // Check every group before changing anything: on a copy of its options first.
+  std::vector<std::unique_ptr<torch::optim::OptimizerOptions>> checked;
   for (size_t g = 0; g < param_groups.size(); ++g) {
     const json& group = groups[g];
     TORCH_CHECK(group.is_object() && group.contains("lr") && group["lr"].is_number() &&
@@ -369,7 +370,8 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerSta
                 ": param group ", g, " holds ", group["params"].get<uint64_t>(),
                 " parameters in the checkpoint, ", param_groups[g].params().size(),
                 " in the optimizer");
-    set_hyperparameters(kind, group, *param_groups[g].options().clone(),
+    checked.push_back(param_groups[g].options().clone());
+    set_hyperparameters(kind, group, *checked.back(),
                         source + ": param group " + std::to_string(g));
   }
   // Every state is read before the optimizer changes, so a bad one leaves it as it was.
@@ -379,8 +381,7 @@ void load_optimizer_state(torch::optim::Optimizer& optimizer, const OptimizerSta
   for (size_t g = 0; g < param_groups.size(); ++g) {
     const auto& group = param_groups[g];
     // The amsgrad the group will have: its stepped parameters need their max_exp_avg_sq.
-    const bool amsgrad = groups[g].contains("amsgrad") ? groups[g]["amsgrad"].get<bool>()
-                                                       : amsgrad_of(kind, group.options());
+    const bool amsgrad = amsgrad_of(kind, *checked[g]);
     for (const auto& param : group.params()) {
       const std::string prefix = "state." + std::to_string(index++) + ".";
       auto& [key, s] = states.emplace_back(param.unsafeGetTensorImpl(), nullptr);

@@ -191,6 +191,13 @@ void EarlyStoppingCallback::on_train_begin(const TrainingArguments& args, Traine
               "EarlyStoppingCallback requires an eval_strategy other than \"no\"");
 }
 
+void TrainerCallback::load_state(const std::string&) {
+  const auto exported = state();
+  TORCH_WARN("Trainer: the checkpoint holds the state of callback '",
+             exported ? exported->name : "?",
+             "', whose load_state() is not overridden: the state is not restored");
+}
+
 std::optional<CallbackState> EarlyStoppingCallback::state() const {
   const json state = {
       {"args", {{"early_stopping_patience", patience_}, {"early_stopping_threshold", threshold_}}},
@@ -214,9 +221,12 @@ void EarlyStoppingCallback::load_state(const std::string& text) {
                 std::is_integral_v<T> ? "an integer" : "a number", ", got ", v.dump());
     field = v.get<T>();
   };
-  read(args, "early_stopping_patience", patience_);
-  read(args, "early_stopping_threshold", threshold_);
-  read(attributes, "early_stopping_patience_counter", counter_);
+  int64_t patience = patience_, counter = counter_;  // all read before any is set
+  double threshold = threshold_;
+  read(args, "early_stopping_patience", patience);
+  read(args, "early_stopping_threshold", threshold);
+  read(attributes, "early_stopping_patience_counter", counter);
+  patience_ = patience, threshold_ = threshold, counter_ = counter;
 }
 
 void EarlyStoppingCallback::on_evaluate(const TrainingArguments& args, TrainerState& state,

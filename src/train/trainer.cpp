@@ -282,6 +282,13 @@ struct Trainer::Impl {
       for (const auto& text : texts) list += (list.empty() ? "[" : ",") + text;
       out[name] = texts.size() == 1 ? texts[0] : list + "]";
     }
+    TrainerState probe;  // written as a checkpoint writes them: a bad state() fails here
+    probe.stateful_callbacks = out;
+    try {
+      (void)probe.to_json();
+    } catch (const json::exception& e) {
+      TORCH_CHECK(false, "Trainer: a callback's state() cannot be saved: ", e.what());
+    }
     return out;
   }
 
@@ -292,8 +299,9 @@ struct Trainer::Impl {
       json states = json::parse(text);  // checked when trainer_state.json was read
       if (!states.is_array()) states = json::array({states});
       if (states.empty()) continue;
-      // HF restores TrainerControl's flags too, but its train, epoch and step begin events
-      // clear each of them before any is read: restoring them changes nothing.
+      // HF restores TrainerControl's flags too; its train and epoch begin events clear the stop
+      // flags, and the first step's begin the others, before the loop reads any. mixprec's loop
+      // clears them only after acting on them, so it does not restore them.
       if (name == "TrainerControl") continue;
       size_t given = 0;
       for (auto& cb : callbacks) {
@@ -562,6 +570,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   impl.control = {};
   if (resume_from_checkpoint && args_.restore_callback_states_from_checkpoint)
     impl.restore_callback_states(state_.stateful_callbacks);
+  (void)impl.callback_states();  // a callback whose state() cannot be saved fails now, not later
   const StopSignals stop_signals;
   int stopped_by = 0;
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_begin(a, s, c); });

@@ -113,8 +113,9 @@ TEST(OptimizerState, ABadStateLeavesTheOptimizerAsItWas) {
 
 // As PyTorch's load_state_dict: the saved hyperparameters replace the optimizer's, so a resumed
 // run keeps the betas, eps, weight decay... it was saved with. A group that holds only lr (as
-// checkpoints did before the others were saved) leaves them as they are.
-TEST(OptimizerState, HyperparametersComeBackAsPyTorchsLoadStateDict) {
+// checkpoints did before the others were saved) leaves them as they are. Unlike PyTorch, what the
+// optimizers' constructors refuse is refused.
+TEST(OptimizerState, HyperparametersComeBackAndAreChecked) {
   using mixprec::optim::AdamWOptions;
   auto p = torch::ones({2}, torch::requires_grad());
   mixprec::optim::AdamW saved({p}, AdamWOptions(0.1)

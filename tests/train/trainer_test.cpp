@@ -558,27 +558,61 @@ TEST_F(TrainerTest, EarlyStoppingStateSurvivesAResume) {
   a.num_train_epochs = 30;
   a.metric_for_best_model = "loss";
   a.learning_rate = 0.0;  // nothing improves after the first evaluation
-  auto run = [&](std::optional<std::string> resume, bool restore) {
+  auto run = [&](std::optional<std::string> resume, bool restore, int64_t patience = 3) {
     a.restore_callback_states_from_checkpoint = restore;
     torch::manual_seed(0);
     Classifier model;
-    auto early = std::make_shared<mixprec::train::EarlyStoppingCallback>(/*patience=*/3);
+    auto early = std::make_shared<mixprec::train::EarlyStoppingCallback>(patience);
     Trainer trainer(model, a, train_, eval_, accuracy, {early});
     return trainer.train(resume).global_step;
   };
+  auto read_by_transformers = [&](int64_t step) {
+    const auto file =
+        fs::path(a.output_dir) / ("checkpoint-" + std::to_string(step)) / "trainer_state.json";
+    return json::parse(mixprec::testing::run_reference_script("check_trainer_state.py " +
+                                                              file.string()))["restored_callbacks"];
+  };
   EXPECT_EQ(run(std::nullopt, false), 40);  // counter 1, 2, 3 after epochs 2, 3, 4
-  const auto checkpoint = fs::path(a.output_dir) / "checkpoint-20";
-  const json read = json::parse(mixprec::testing::run_reference_script(
-      "check_trainer_state.py " + (checkpoint / "trainer_state.json").string()));
-  const json& restored = read["restored_callbacks"];
-  EXPECT_EQ(restored["EarlyStoppingCallback"],
+  const json at_20 = read_by_transformers(20), at_40 = read_by_transformers(40);
+  EXPECT_EQ(at_20["EarlyStoppingCallback"],
             json::parse(R"({"args": {"early_stopping_patience": 3, "early_stopping_threshold": 0.0},
                             "attributes": {"early_stopping_patience_counter": 1}})"));
-  EXPECT_EQ(restored["TrainerControl"]["attributes"], json::object());
-  EXPECT_EQ(restored["TrainerControl"]["args"].size(), 5u);
+  // TrainerControl as HF's at a save after an evaluation; at the last one, stopping.
+  EXPECT_EQ(at_20["TrainerControl"],
+            json::parse(R"({"args": {"should_training_stop": false, "should_epoch_stop": false,
+                                     "should_save": true, "should_evaluate": true,
+                                     "should_log": false}, "attributes": {}})"));
+  EXPECT_EQ(at_40["TrainerControl"]["args"]["should_training_stop"], true);
 
-  EXPECT_EQ(run(checkpoint.string(), true), 40);
-  EXPECT_EQ(run(checkpoint.string(), false), 50);
+  const std::string checkpoint = (fs::path(a.output_dir) / "checkpoint-20").string();
+  EXPECT_EQ(run(checkpoint, true), 40);
+  // The checkpoint's patience wins over the new callback's, as HF makes it anew from its args.
+  EXPECT_EQ(run(checkpoint, true, /*patience=*/10), 40);
+  EXPECT_EQ(run(checkpoint, false), 50);
+
+  // A state no callback of this run takes, or one a callback saves but cannot load: a warning.
+  struct SavesOnly : mixprec::train::TrainerCallback {
+    std::optional<mixprec::train::CallbackState> state() const override {
+      return mixprec::train::CallbackState{"EarlyStoppingCallback", "{}"};
+    }
+  };
+  a.num_train_epochs = 3;
+  a.restore_callback_states_from_checkpoint = true;
+  for (bool saves_only : {false, true}) {
+    mixprec::testing::CapturedWarnings warnings;
+    Classifier model;
+    std::vector<std::shared_ptr<mixprec::train::TrainerCallback>> callbacks;
+    if (saves_only) callbacks.push_back(std::make_shared<SavesOnly>());
+    Trainer(model, a, train_, eval_, accuracy, callbacks).train(checkpoint);
+    const std::string expected =
+        saves_only ? "the checkpoint holds the state of callback 'EarlyStoppingCallback', whose "
+                     "load_state() is not overridden"
+                   : "the checkpoint holds the state of callbacks this run does not have, "
+                     "ignored: EarlyStoppingCallback";
+    EXPECT_TRUE(std::any_of(warnings.messages.begin(), warnings.messages.end(),
+                            [&](const std::string& m) { return m.find(expected) != m.npos; }))
+        << expected;
+  }
 }
 
 // train() again, as HF allows: the second run makes its optimizer, schedule and data position

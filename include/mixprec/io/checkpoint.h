@@ -32,7 +32,8 @@ void load_module_state(torch::nn::Module& module, const TensorMap& state,
 /// and its param groups' hyperparameters as JSON text, under the names of
 /// PyTorch's param_groups (lr, betas, eps, weight_decay, amsgrad, maximize;
 /// SGD's momentum, dampening, nesterov). Loading sets them on the groups, as
-/// PyTorch's load_state_dict does, but not how the optimizer computes (fused).
+/// PyTorch's load_state_dict does, but not how the optimizer computes (fused),
+/// and refuses what the optimizers' constructors refuse (betas of 1).
 /// Supports torch::optim::SGD, Adam, AdamW and mixprec::optim::AdamW; any
 /// other is an error that names its type.
 struct OptimizerState {

@@ -115,12 +115,14 @@ class TrainerCallback {
                       const Metrics& /*logs*/) {}
   virtual void on_prediction_step(const TrainingArguments&, TrainerState&, TrainerControl&) {}
 
-  /// HF's ExportableState.state(): saved in every checkpoint's trainer_state.json. None (the
-  /// default): the callback keeps no state across a resume.
+  /// HF's ExportableState.state(): saved in every checkpoint's trainer_state.json (the states
+  /// of this run's callbacks only). None (the default): the callback keeps no state across a
+  /// resume.
   virtual std::optional<CallbackState> state() const { return std::nullopt; }
-  /// What state() saved, given back on a resume with restore_callback_states_from_checkpoint
-  /// (HF makes the callback anew from its args and sets its attributes).
-  virtual void load_state(const std::string& /*json*/) {}
+  /// What state() saved, given back on a resume with restore_callback_states_from_checkpoint,
+  /// in the callback's place. (HF makes a new callback from the state's args, sets its
+  /// attributes, and moves it to the end of the list.) The default warns that it is not loaded.
+  virtual void load_state(const std::string& json);
 
  private:
   friend class Trainer;  // sets kwargs_ before each event
