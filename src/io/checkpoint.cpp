@@ -18,7 +18,6 @@
 #include <cctype>
 #include <cmath>
 #include <cstdio>
-#include <cstring>
 #include <map>
 #include <optional>
 #include <regex>

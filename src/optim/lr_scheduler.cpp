@@ -64,10 +64,6 @@ double progress(int64_t step, int64_t warmup_steps, int64_t training_steps) {
          static_cast<double>(std::max<int64_t>(1, training_steps - warmup_steps));
 }
 
-}  // namespace
-
-namespace {
-
 // Each schedule of transformers.get_scheduler with the keywords its function takes (last_epoch
 // aside); HF's constant schedules are called without the keywords, so they ignore any.
 const std::vector<std::pair<std::string, std::vector<std::string>>>& schedules() {

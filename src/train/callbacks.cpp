@@ -88,7 +88,11 @@ std::string TrainerState::to_json() const {
               {"train_batch_size", optional_json(train_batch_size)},
               {"trial_name", nullptr},
               {"trial_params", nullptr}};
-  return out.dump(2);
+  try {  // a name or text a callback's state() gave that is not UTF-8
+    return out.dump(2);
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, "TrainerState: cannot be written as JSON: ", e.what());
+  }
 }
 
 namespace {

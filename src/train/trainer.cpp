@@ -282,13 +282,6 @@ struct Trainer::Impl {
       for (const auto& text : texts) list += (list.empty() ? "[" : ",") + text;
       out[name] = texts.size() == 1 ? texts[0] : list + "]";
     }
-    TrainerState probe;  // written as a checkpoint writes them: a bad state() fails here
-    probe.stateful_callbacks = out;
-    try {
-      (void)probe.to_json();
-    } catch (const json::exception& e) {
-      TORCH_CHECK(false, "Trainer: a callback's state() cannot be saved: ", e.what());
-    }
     return out;
   }
 
@@ -570,7 +563,11 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   impl.control = {};
   if (resume_from_checkpoint && args_.restore_callback_states_from_checkpoint)
     impl.restore_callback_states(state_.stateful_callbacks);
-  (void)impl.callback_states();  // a callback whose state() cannot be saved fails now, not later
+  {  // a callback whose state() cannot be saved fails now, not at the first checkpoint
+    TrainerState probe;
+    probe.stateful_callbacks = impl.callback_states();
+    (void)probe.to_json();
+  }
   const StopSignals stop_signals;
   int stopped_by = 0;
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_begin(a, s, c); });

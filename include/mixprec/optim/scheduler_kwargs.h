@@ -9,13 +9,16 @@
 
 namespace mixprec::optim {
 
+// Any number but a bool, which a Python dict would not hold as a number here.
+template <typename T>
+concept SchedulerNumber = std::is_arithmetic_v<T> && !std::is_same_v<T, bool>;
+
 /// A value of HF's `scheduler_specific_kwargs`: a number, or a text (warmup_stable_decay's
 /// warmup_type and decay_type). Made implicitly, so that
 /// `{{"num_decay_steps", 10}, {"decay_type", "linear"}}` reads as the Python dict.
 struct SchedulerKwarg : std::variant<double, std::string> {
-  template <typename T>
-  requires std::is_arithmetic_v<T> &&(!std::is_same_v<T, bool>)SchedulerKwarg(T v)
-      : variant(static_cast<double>(v)) {}
+  template <SchedulerNumber T>
+  SchedulerKwarg(T v) : variant(static_cast<double>(v)) {}
   SchedulerKwarg(std::string v) : variant(std::move(v)) {}
   SchedulerKwarg(const char* v) : variant(std::string(v)) {}
 };
