@@ -238,9 +238,9 @@ std::filesystem::path Accelerator::checkpoints_dir() const {
   return std::filesystem::path(shared_->options.project_dir) / "checkpoints";
 }
 
-std::filesystem::path Accelerator::save_state(
-    const std::optional<std::string>& dir_name,
-    const std::map<std::string, std::string>& extra_files) {
+std::filesystem::path Accelerator::save_state(const std::optional<std::string>& dir_name,
+                                              const std::map<std::string, std::string>& extra_files,
+                                              bool models_only) {
   using nlohmann::json;
   auto& project = shared_->options.project_config;
   std::filesystem::path dir;
@@ -259,54 +259,25 @@ std::filesystem::path Accelerator::save_state(
   }
   // Every process's generators, gathered to the main process that writes.
   std::vector<io::TensorMap> rng_states;
-  io::TensorMap own = io::rng_state();
-  if (shared_->group) {
-    wait_for_everyone();
-    for (const auto& [name, state] : own) {
-      at::Tensor all = shared_->group->all_gather(state.unsqueeze(0));
-      rng_states.resize(static_cast<size_t>(all.size(0)));
-      for (int64_t r = 0; r < all.size(0); ++r) rng_states[static_cast<size_t>(r)][name] = all[r];
+  if (!models_only) {
+    io::TensorMap own = io::rng_state();
+    if (shared_->group) {
+      wait_for_everyone();
+      for (const auto& [name, state] : own) {
+        at::Tensor all = shared_->group->all_gather(state.unsqueeze(0));
+        rng_states.resize(static_cast<size_t>(all.size(0)));
+        for (int64_t r = 0; r < all.size(0); ++r) rng_states[static_cast<size_t>(r)][name] = all[r];
+      }
+    } else {
+      rng_states.push_back(own);
     }
-  } else {
-    rng_states.push_back(own);
   }
   main_process_writes("Accelerator::save_state", [&] {
     if (!dir_name) io::remove_unfinished_checkpoints(checkpoints_dir(), kCheckpointPrefix);
     io::CheckpointWriter writer(dir);
     for (size_t i = 0; i < shared_->models.size(); ++i)
       writer.write_tensors(nth("model", i, ".safetensors"), io::module_state(*shared_->models[i]));
-    for (size_t i = 0; i < shared_->optimizers.size(); ++i) {
-      const auto state = io::optimizer_state(*shared_->optimizers[i].first);
-      writer.write_tensors(nth("optimizer", i, ".safetensors"), state.tensors);
-      writer.write_text(nth("optimizer", i, ".json"), state.groups_json);
-    }
-    for (size_t i = 0; i < shared_->schedulers.size(); ++i) {
-      const auto state = shared_->schedulers[i]->state_dict();
-      writer.write_text(
-          nth("scheduler", i, ".json"),
-          json{{"last_epoch", state.last_epoch}, {"base_lrs", state.base_lrs}}.dump(1));
-    }
-    if (shared_->scaler)
-      writer.write_text("scaler.json", json(shared_->scaler->state_dict()).dump(1));
-    for (size_t r = 0; r < rng_states.size(); ++r)
-      writer.write_tensors("random_states_" + std::to_string(r) + ".safetensors", rng_states[r]);
-    for (size_t i = 0; i < shared_->custom_objects.size(); ++i)
-      writer.write_text(nth("custom_checkpoint", i, ".json"),
-                        shared_->custom_objects[i]->state_dict());
-    for (size_t i = 0; i < shared_->loaders.size(); ++i) {
-      const auto& loader = *shared_->loaders[i];
-      json state = loader.state();
-      // The seedable order's seed (torch's initial seed, maybe another in a resumed run).
-      if (loader.options().seed) state["seed"] = *loader.options().seed;
-      state["sharding"] = kSharding;
-      state["batch_size"] = loader.options().batch_size;
-      writer.write_text(nth("dataloader", i, ".json"), state.dump());
-    }
-    writer.write_text("accelerator.json",
-                      json{{"step", shared_->step},
-                           {"num_processes", num_processes()},
-                           {"mixed_precision", shared_->options.mixed_precision}}
-                          .dump(1));
+    if (!models_only) write_training_state(writer, rng_states);
     for (const auto& [name, text] : extra_files) writer.write_text(name, text);
     writer.commit();
     // The oldest go once the new one is whole (Accelerate deletes them before writing it).
@@ -321,6 +292,41 @@ std::filesystem::path Accelerator::save_state(
   });
   ++project.iteration;
   return dir;
+}
+
+void Accelerator::write_training_state(io::CheckpointWriter& writer,
+                                       const std::vector<io::TensorMap>& rng_states) const {
+  using nlohmann::json;
+  for (size_t i = 0; i < shared_->optimizers.size(); ++i) {
+    const auto state = io::optimizer_state(*shared_->optimizers[i].first);
+    writer.write_tensors(nth("optimizer", i, ".safetensors"), state.tensors);
+    writer.write_text(nth("optimizer", i, ".json"), state.groups_json);
+  }
+  for (size_t i = 0; i < shared_->schedulers.size(); ++i) {
+    const auto state = shared_->schedulers[i]->state_dict();
+    writer.write_text(nth("scheduler", i, ".json"),
+                      json{{"last_epoch", state.last_epoch}, {"base_lrs", state.base_lrs}}.dump(1));
+  }
+  if (shared_->scaler)
+    writer.write_text("scaler.json", json(shared_->scaler->state_dict()).dump(1));
+  for (size_t r = 0; r < rng_states.size(); ++r)
+    writer.write_tensors("random_states_" + std::to_string(r) + ".safetensors", rng_states[r]);
+  for (size_t i = 0; i < shared_->custom_objects.size(); ++i)
+    writer.write_text(nth("custom_checkpoint", i, ".json"),
+                      shared_->custom_objects[i]->state_dict());
+  for (size_t i = 0; i < shared_->loaders.size(); ++i) {
+    const auto& loader = *shared_->loaders[i];
+    json state = loader.state();
+    // The seedable order's seed (torch's initial seed, maybe another in a resumed run).
+    if (loader.options().seed) state["seed"] = *loader.options().seed;
+    state["sharding"] = kSharding;
+    state["batch_size"] = loader.options().batch_size;
+    writer.write_text(nth("dataloader", i, ".json"), state.dump());
+  }
+  writer.write_text("accelerator.json", json{{"step", shared_->step},
+                                             {"num_processes", num_processes()},
+                                             {"mixed_precision", shared_->options.mixed_precision}}
+                                            .dump(1));
 }
 
 void Accelerator::load_state(const std::optional<std::string>& dir_name) {

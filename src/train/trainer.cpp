@@ -90,6 +90,12 @@ int64_t non_embedding_parameters(torch::nn::Module& module) {
   return count;
 }
 
+std::vector<std::string> keys_of(const data::Batch& batch) {
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : batch) keys.push_back(key);
+  return keys;
+}
+
 // Concatenates along dim 0, padding the other dims with -100 where they
 // differ (HF's nested_concat with padding_index -100).
 at::Tensor concat_padded(const std::vector<at::Tensor>& parts) {
@@ -179,6 +185,7 @@ struct Trainer::Impl {
   bool in_train = false;
   double current_flos = 0;  // this process's, since they were last added to state.total_flos
   DataPosition position;    // registered for checkpointing once, by the constructor
+  std::string main_input_name = "input_ids";  // HF's model.main_input_name
   bool trackers_open = false;
 
   // The dtype of the first 16-bit parameter, if any. A model whose parameters
@@ -344,9 +351,22 @@ at::Tensor label_smoothed_loss(const at::Tensor& logits, const at::Tensor& label
   return num_items ? loss / static_cast<double>(*num_items) : loss;
 }
 
+void enable_full_determinism(uint64_t seed, bool warn_only) {
+  accelerate::set_seed(seed);
+  // Read when CUDA and cuBLAS start, so they must be in the environment before.
+  setenv("CUDA_LAUNCH_BLOCKING", "1", 1);
+  setenv("CUBLAS_WORKSPACE_CONFIG", ":16:8", 1);
+  auto& context = at::globalContext();
+  context.setDeterministicAlgorithms(true, warn_only);
+  context.setDeterministicCuDNN(true);
+  context.setBenchmarkCuDNN(false);
+}
+
 void Trainer::set_num_items_forward(NumItemsForward forward) {
   impl_->num_items_forward = std::move(forward);
 }
+
+void Trainer::set_main_input_name(std::string name) { impl_->main_input_name = std::move(name); }
 
 Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward,
                  TrainingArguments args, data::DatasetPtr train_dataset,
@@ -443,7 +463,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
           entry.path().filename().string(),
           "); pass resume_from_checkpoint to continue, or overwrite_output_dir to start over");
   }
-  accelerate::set_seed(static_cast<uint64_t>(args_.seed));
+  if (args_.full_determinism)
+    enable_full_determinism(static_cast<uint64_t>(args_.seed));
+  else
+    accelerate::set_seed(static_cast<uint64_t>(args_.seed));
 
   data::DataLoader loader(impl.train_dataset,
                           {.batch_size = static_cast<size_t>(args_.per_device_train_batch_size),
@@ -531,9 +554,34 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   state_.is_local_process_zero = acc.is_local_main_process();
   state_.is_world_process_zero = acc.is_main_process();
   if (resume_from_checkpoint) {
-    acc.load_state(*resume_from_checkpoint);
-    const auto file = fs::path(*resume_from_checkpoint) / "trainer_state.json";
+    const fs::path dir = *resume_from_checkpoint;
+    // save_only_model's checkpoints have the model and the Trainer's files only.
+    const bool model_only = !fs::exists(dir / "accelerator.json");
+    if (model_only) {
+      io::verify_checkpoint(dir);
+      const auto file = dir / "model.safetensors";
+      io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
+    } else {
+      acc.load_state(dir.string());
+    }
+    const auto file = dir / "trainer_state.json";
     state_ = TrainerState::from_json(io::read_file(file), file.string());
+    if (model_only) {
+      // The schedule is a function of the step, and the data position is, as HF derives it,
+      // the step's place in its epoch.
+      const int64_t step = state_.global_step;
+      schedule.load_state_dict({step, schedule.state_dict().base_lrs});
+      position.state = {step / updates_per_epoch,
+                        step % updates_per_epoch * args_.gradient_accumulation_steps};
+      position.saved_global_batch.reset();
+      TORCH_WARN("Trainer: ", dir.string(),
+                 " holds the model only (saved with save_only_model): the optimizer's state, "
+                 "the loss scale and the random generators start afresh; the schedule and the "
+                 "data go on from step ",
+                 step);
+    }
+    // As HF's: the epoch starts again from its first batch.
+    if (args_.ignore_data_skip) position.state.batches_yielded = 0;
     loader.load_state(position.state);
     // Mid-epoch, the batches done stand for other samples when the batch of all processes
     // together changed (another batch size or number of processes).
@@ -686,13 +734,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       TORCH_CHECK(out.loss.defined(),
                   "Trainer: ", impl.compute_loss ? "compute_loss_func" : "the model",
                   " returned no loss; does the batch hold labels? (its keys: ",
-                  c10::Join(", ",
-                            [&] {
-                              std::vector<std::string> keys;
-                              for (const auto& [k, v] : batch) keys.push_back(k);
-                              return keys;
-                            }()),
-                  ")");
+                  c10::Join(", ", keys_of(batch)), ")");
       // One host read of the loss where its value matters: without a scaler nothing would skip
       // a non-finite step (stop before it is taken), and logging_nan_inf_filter keeps it out of
       // the logged loss.
@@ -856,8 +898,10 @@ void Trainer::save_checkpoint() {
     state_.best_model_checkpoint = dir.string();
   store_flos();
   state_.stateful_callbacks = impl_->callback_states();
-  acc.save_state(dir.string(), {{"trainer_state.json", state_.to_json()},
-                                {"training_args.json", args_.to_json()}});
+  acc.save_state(
+      dir.string(),
+      {{"trainer_state.json", state_.to_json()}, {"training_args.json", args_.to_json()}},
+      args_.save_only_model);
   // As HF's _rotate_checkpoints: a limit of 0 or below keeps every checkpoint.
   if (args_.save_total_limit.value_or(0) > 0 && acc.is_main_process())
     rotate_checkpoints(*args_.save_total_limit);
@@ -1018,7 +1062,15 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   const auto start = std::chrono::steady_clock::now();
   impl.module->eval();
   at::NoGradGuard no_grad;
-  std::vector<at::Tensor> logits, labels, losses;
+  const auto& include = args_.include_for_metrics;
+  const bool with_inputs = !loss_only && impl.compute_metrics &&
+                           std::find(include.begin(), include.end(), "inputs") != include.end();
+  const bool with_losses = std::find(include.begin(), include.end(), "loss") != include.end();
+  const bool per_batch_metrics = !loss_only && impl.compute_metrics && args_.batch_eval_metrics;
+  // As HF's: predict() returns every batch's logits and labels even when the metrics are per batch.
+  const bool keep_outputs = !loss_only && (!per_batch_metrics || prefix == "test");
+  std::vector<at::Tensor> logits, labels, losses, inputs;
+  Metrics metrics;  // compute_metrics' (with per_batch_metrics, its last call's)
   int64_t batches = 0;
   const size_t last = loader.size() - 1;
   for (const data::Batch& batch : loader) {
@@ -1043,26 +1095,44 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
                                    ? static_cast<int64_t>(loader.num_padding_samples())
                                    : 0);
     const auto keep = acc.gather((at::arange(n) < valid).to(at::kByte)).to(at::kBool);
+    at::Tensor batch_losses, batch_logits, batch_labels, batch_inputs;
     if (out.loss.defined())  // the batch's mean loss for each sample, as HF repeats it
-      losses.push_back(acc.gather(out.loss.detach()
-                                      .to(at::kFloat)
-                                      .mean()
-                                      .cpu()
-                                      .reshape({1})
-                                      .expand({n})
-                                      .contiguous())
-                           .index({keep}));
+      batch_losses = acc.gather(out.loss.detach()
+                                    .to(at::kFloat)
+                                    .mean()
+                                    .cpu()
+                                    .reshape({1})
+                                    .expand({n})
+                                    .contiguous())
+                         .index({keep});
     // As HF's evaluation_loop: the ranks' batches may differ in length (padded collation).
     auto gather = [&](const at::Tensor& t) {
       return acc.gather(acc.pad_across_processes(t, 1, -100)).index({keep});
     };
     if (!loss_only) {
-      if (out.logits.defined()) logits.push_back(gather(out.logits.detach().to(at::kFloat).cpu()));
+      if (out.logits.defined()) batch_logits = gather(out.logits.detach().to(at::kFloat).cpu());
       auto label = label_names.empty() ? on_device.end() : on_device.find(label_names.front());
-      if (label != on_device.end()) labels.push_back(gather(label->second.cpu()));
+      if (label != on_device.end()) batch_labels = gather(label->second.cpu());
+    }
+    if (with_inputs) {
+      auto input = batch.find(impl.main_input_name);
+      TORCH_CHECK(input != batch.end(), "Trainer: include_for_metrics has \"inputs\", but the ",
+                  prefix, " batch holds no '", impl.main_input_name,
+                  "' (the model's main_input_name); its keys: ", c10::Join(", ", keys_of(batch)));
+      batch_inputs = gather(input->second);
+    }
+    if (batch_losses.defined()) losses.push_back(batch_losses);
+    if (keep_outputs) {
+      if (batch_logits.defined()) logits.push_back(batch_logits);
+      if (batch_labels.defined()) labels.push_back(batch_labels);
+      if (batch_inputs.defined()) inputs.push_back(batch_inputs);
     }
     impl.call(args_, state_,
               [](auto& cb, auto& a, auto& s, auto& c) { cb.on_prediction_step(a, s, c); });
+    if (per_batch_metrics && batch_logits.defined() && batch_labels.defined())
+      metrics = impl.compute_metrics({batch_logits, batch_labels, batch_inputs,
+                                      with_losses ? batch_losses : at::Tensor(),
+                                      static_cast<size_t>(batches) == last});
     ++batches;
   }
   PredictionOutput output{concat_padded(logits), concat_padded(labels), {}};
@@ -1073,9 +1143,13 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
     if (args_.logging_nan_inf_filter && finite.any().item<bool>()) all = all.index({finite});
     output.metrics[prefix + "_loss"] = all.mean().item<double>();
   }
-  if (impl.compute_metrics && output.predictions.defined() && output.label_ids.defined())
-    for (const auto& [key, value] : impl.compute_metrics({output.predictions, output.label_ids}))
-      output.metrics[key.starts_with(prefix + "_") ? key : prefix + "_" + key] = value;
+  if (!per_batch_metrics && impl.compute_metrics && output.predictions.defined() &&
+      output.label_ids.defined())
+    metrics =
+        impl.compute_metrics({output.predictions, output.label_ids, concat_padded(inputs),
+                              with_losses && !losses.empty() ? at::cat(losses) : at::Tensor()});
+  for (const auto& [key, value] : metrics)
+    output.metrics[key.starts_with(prefix + "_") ? key : prefix + "_" + key] = value;
   // As HF's speed_metrics: the dataset's samples, and the steps a whole pass over them takes
   // (dataloader_drop_last aside).
   const double runtime = seconds_since(start);

@@ -52,6 +52,8 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("per_device_train_batch_size", a.per_device_train_batch_size),
       argument("per_device_eval_batch_size", a.per_device_eval_batch_size),
       argument("prediction_loss_only", a.prediction_loss_only),
+      argument("include_for_metrics", a.include_for_metrics),
+      argument("batch_eval_metrics", a.batch_eval_metrics),
       argument("gradient_accumulation_steps", a.gradient_accumulation_steps),
       argument("activation_checkpointing", a.activation_checkpointing, {"gradient_checkpointing"}),
       argument("learning_rate", a.learning_rate),
@@ -72,11 +74,13 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("save_strategy", a.save_strategy),
       argument("save_steps", a.save_steps),
       argument("save_total_limit", a.save_total_limit),
+      argument("save_only_model", a.save_only_model),
       argument("load_best_model_at_end", a.load_best_model_at_end),
       argument("metric_for_best_model", a.metric_for_best_model),
       argument("greater_is_better", a.greater_is_better),
       argument("label_smoothing_factor", a.label_smoothing_factor),
       argument("seed", a.seed),
+      argument("full_determinism", a.full_determinism),
       argument("data_seed", a.data_seed),
       argument("dataloader_num_workers", a.dataloader_num_workers),
       argument("dataloader_drop_last", a.dataloader_drop_last),
@@ -85,6 +89,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("optim", a.optim),
       argument("report_to", a.report_to),
       argument("resume_from_checkpoint", a.resume_from_checkpoint),
+      argument("ignore_data_skip", a.ignore_data_skip),
       argument("restore_callback_states_from_checkpoint",
                a.restore_callback_states_from_checkpoint),
       argument("disable_tqdm", a.disable_tqdm),
@@ -144,6 +149,10 @@ void TrainingArguments::validate() {
       trackers.push_back(r);
   }
   report_to = trackers;
+  // HF ignores other names; a typo here would silently give compute_metrics nothing.
+  for (const auto& name : include_for_metrics)
+    TORCH_CHECK(one_of(name, {"inputs", "loss"}), "TrainingArguments: include_for_metrics '", name,
+                "' is not one of \"inputs\", \"loss\"");
   // As HF's command line reads a boolean (strtobool).
   std::string tokens_seen = include_num_input_tokens_seen;
   std::transform(tokens_seen.begin(), tokens_seen.end(), tokens_seen.begin(),

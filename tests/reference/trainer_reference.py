@@ -63,6 +63,15 @@ CASES = [
      "args": {"per_device_train_batch_size": 40, "gradient_accumulation_steps": 4,
               "max_steps": 10, "logging_strategy": "steps", "logging_steps": 2,
               "eval_strategy": "steps", "eval_steps": 5, "save_strategy": "no"}},
+    # Saved every 18 steps (12 an epoch), then resumed from checkpoint-18 (epoch 1, batch 6) into
+    # the same folder with ignore_data_skip: epoch 1 runs again from its first batch, and the
+    # run still ends at step 60 (half-way through epoch 4).
+    {"name": "ignore_data_skip", "bf16": False, "resume_from": "checkpoint-18",
+     "args": {"save_strategy": "steps", "save_steps": 18},
+     "resume_args": {"ignore_data_skip": True}},
+    # save_only_model: the checkpoints hold the model and the Trainer's state only.
+    {"name": "save_only_model", "bf16": False,
+     "args": {"save_strategy": "steps", "save_steps": 18, "save_only_model": True}},
 ]
 
 
@@ -122,22 +131,31 @@ def run(case, x, y, init):
     model = MLPClassifier()
     model.load_state_dict(init)
     with tempfile.TemporaryDirectory() as out:
-        args = TrainingArguments(**{
-            "output_dir": out, "use_cpu": True, "bf16": case["bf16"], "seed": 42,
-            "per_device_train_batch_size": 32, "per_device_eval_batch_size": 64,
-            "num_train_epochs": 5, "learning_rate": 3e-3, "weight_decay": 0.01, "warmup_steps": 4,
-            "lr_scheduler_type": "linear", "eval_strategy": "epoch", "logging_strategy": "epoch",
-            "save_strategy": "no", "report_to": "none", "disable_tqdm": True,
-            **case.get("args", {})})
-        trainer = Trainer(model=model, args=args,
-                          train_dataset=Examples(x[:N_TRAIN], y[:N_TRAIN]),
-                          eval_dataset=Examples(x[N_TRAIN:], y[N_TRAIN:]),
-                          compute_metrics=accuracy,
-                          compute_loss_func=summed_loss if case.get("compute_loss_func") else None)
+        def trainer_with(more_args):
+            args = TrainingArguments(**{
+                "output_dir": out, "use_cpu": True, "bf16": case["bf16"], "seed": 42,
+                "per_device_train_batch_size": 32, "per_device_eval_batch_size": 64,
+                "num_train_epochs": 5, "learning_rate": 3e-3, "weight_decay": 0.01,
+                "warmup_steps": 4, "lr_scheduler_type": "linear", "eval_strategy": "epoch",
+                "logging_strategy": "epoch", "save_strategy": "no", "report_to": "none",
+                "disable_tqdm": True, **case.get("args", {}), **more_args})
+            return Trainer(model=model, args=args,
+                           train_dataset=Examples(x[:N_TRAIN], y[:N_TRAIN]),
+                           eval_dataset=Examples(x[N_TRAIN:], y[N_TRAIN:]),
+                           compute_metrics=accuracy,
+                           compute_loss_func=summed_loss if case.get("compute_loss_func") else None)
+        trainer = trainer_with({})
         with contextlib.redirect_stdout(sys.stderr):  # its PrinterCallback prints the logs
             result = trainer.train()
+            resumed_from = None
+            if "resume_from" in case:
+                resumed_from = os.path.join(out, case["resume_from"])
+                trainer = trainer_with(case["resume_args"])
+                result = trainer.train(resume_from_checkpoint=resumed_from)
             final_eval = trainer.evaluate()
         checkpoints = sorted(d for d in os.listdir(out) if d.startswith("checkpoint-"))
+        first = os.path.join(out, checkpoints[0]) if checkpoints else None
+        checkpoint_files = sorted(os.listdir(first)) if first else []
     keep = ("epoch", "loss", "learning_rate", "grad_norm", "eval_loss", "eval_accuracy")
     return {
         "log_history": [{k: float(v) for k, v in entry.items() if k in keep}
@@ -145,6 +163,7 @@ def run(case, x, y, init):
         "train_loss": result.training_loss,
         "global_step": result.global_step,
         "checkpoints": checkpoints,
+        "checkpoint_files": checkpoint_files,
         "final_eval": {k: float(v) for k, v in final_eval.items()
                        if k in ("eval_loss", "eval_accuracy")},
         "params": {k: flat(v) for k, v in model.state_dict().items()},

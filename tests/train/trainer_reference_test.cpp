@@ -13,7 +13,10 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <map>
+#include <memory>
 #include <nlohmann/json.hpp>
+#include <set>
 
 namespace {
 
@@ -31,9 +34,34 @@ void expect_near_rel(double got, double expected, double rtol, const std::string
   EXPECT_NEAR(got, expected, rtol * std::abs(expected)) << what;
 }
 
+// What a checkpoint holds, by HF's files: model, optimizer, scheduler, scaler, rng,
+// trainer_state, training_args (mixprec's other files are its bookkeeping).
+std::set<std::string> checkpoint_contents(const std::vector<std::string>& files) {
+  const std::map<std::string, std::string> kinds = {{"model.safetensors", "model"},
+                                                    {"optimizer.pt", "optimizer"},
+                                                    {"optimizer.safetensors", "optimizer"},
+                                                    {"scheduler.pt", "scheduler"},
+                                                    {"scheduler.json", "scheduler"},
+                                                    {"scaler.pt", "scaler"},
+                                                    {"scaler.json", "scaler"},
+                                                    {"rng_state.pth", "rng"},
+                                                    {"random_states_0.safetensors", "rng"},
+                                                    {"trainer_state.json", "trainer_state"},
+                                                    {"training_args.bin", "training_args"},
+                                                    {"training_args.json", "training_args"}};
+  std::set<std::string> contents;
+  for (const auto& file : files)
+    if (kinds.count(file)) contents.insert(kinds.at(file));
+  return contents;
+}
+
+// `resume_from`: then a second Trainer with `resume_args` trains again from that checkpoint of
+// the first, into the same folder, and is the one compared.
 void compare_with_hf(const std::string& name, Tolerance tol,
                      const std::function<void(mixprec::TrainingArguments&)>& more_args = {},
-                     mixprec::train::ComputeLoss compute_loss_func = {}) {
+                     mixprec::train::ComputeLoss compute_loss_func = {},
+                     const std::string& resume_from = "",
+                     const std::function<void(mixprec::TrainingArguments&)>& resume_args = {}) {
   const json ref = mixprec::testing::load_reference("trainer_reference.json");
   const json& hf = ref.at("cases").at(name);
   const int64_t n_train = ref.at("n_train"), features = ref.at("features");
@@ -73,13 +101,29 @@ void compare_with_hf(const std::string& name, Tolerance tol,
     return mixprec::train::Metrics{
         {"accuracy", p.predictions.argmax(1).eq(p.label_ids).to(at::kFloat).mean().item<double>()}};
   };
-  mixprec::Trainer trainer(model, args, part(0, n_train), part(n_train, x.size(0)), accuracy, {},
-                           {}, std::move(compute_loss_func));
-  const auto result = trainer.train();
-  const auto final_eval = trainer.evaluate();
+  auto trainer = std::make_unique<mixprec::Trainer>(
+      model, args, part(0, n_train), part(n_train, x.size(0)), accuracy,
+      std::vector<std::shared_ptr<mixprec::train::TrainerCallback>>{}, mixprec::data::CollateFn{},
+      compute_loss_func);
+  auto result = trainer->train();
+  if (!resume_from.empty()) {
+    resume_args(args);
+    trainer = std::make_unique<mixprec::Trainer>(
+        model, args, part(0, n_train), part(n_train, x.size(0)), accuracy,
+        std::vector<std::shared_ptr<mixprec::train::TrainerCallback>>{}, mixprec::data::CollateFn{},
+        compute_loss_func);
+    result = trainer->train((out / resume_from).string());
+  }
+  const auto final_eval = trainer->evaluate();
   const auto checkpoints = mixprec::testing::checkpoint_names(out);
+  std::vector<std::string> files;
+  if (!checkpoints.empty())
+    for (const auto& entry : fs::directory_iterator(out / checkpoints.front()))
+      files.push_back(entry.path().filename().string());
   fs::remove_all(out);
   EXPECT_EQ(checkpoints, hf.at("checkpoints").get<std::vector<std::string>>());
+  EXPECT_EQ(checkpoint_contents(files),
+            checkpoint_contents(hf.at("checkpoint_files").get<std::vector<std::string>>()));
 
   EXPECT_EQ(result.global_step, hf.at("global_step").get<int64_t>());
   expect_near_rel(result.training_loss, hf.at("train_loss"), tol.rtol, "train_loss");
@@ -93,7 +137,7 @@ void compare_with_hf(const std::string& name, Tolerance tol,
   for (const auto& hf_entry : hf.at("log_history")) {
     const bool is_eval = hf_entry.contains("eval_loss");
     if (!is_eval && !hf_entry.contains("loss")) continue;  // the train summary
-    const auto& log = trainer.state().log_history;
+    const auto& log = trainer->state().log_history;
     auto ours = std::find_if(log.begin(), log.end(), [&](const auto& e) {
       return e.count("epoch") && e.at("epoch") == hf_entry.at("epoch").get<double>() &&
              e.count(is_eval ? "eval_loss" : "loss");
@@ -124,7 +168,7 @@ void compare_with_hf(const std::string& name, Tolerance tol,
         return e.count("eval_loss") > 0;
     });
   };
-  EXPECT_EQ(evaluations(trainer.state().log_history), evaluations(hf.at("log_history")));
+  EXPECT_EQ(evaluations(trainer->state().log_history), evaluations(hf.at("log_history")));
 
   double to_hf = 0, to_hf_fp32 = 0;  // squared distances of all parameters
   for (const auto& param : model->named_parameters()) {
@@ -136,8 +180,9 @@ void compare_with_hf(const std::string& name, Tolerance tol,
     to_hf += (value - expected).pow(2).sum().item<double>();
     to_hf_fp32 += (value - fp32.reshape(value.sizes())).pow(2).sum().item<double>();
   }
-  // The tolerances alone would pass an fp32 run as bf16: it must end nearer HF's own run.
-  if (name != "fp32") {
+  // The tolerances alone would pass an fp32 run as bf16 (or another case's run): it must end
+  // nearer HF's own run. save_only_model trains as the fp32 case does.
+  if (name != "fp32" && name != "save_only_model") {
     EXPECT_LT(to_hf, to_hf_fp32) << "nearer HF's fp32 run than its " << name;
   }
 }
@@ -218,6 +263,28 @@ TEST(TrainerReference, ComputeLossFuncGetsTheWindowsItemsAsTransformersTrainer) 
   ASSERT_GE(items.size(), 10u);
   EXPECT_EQ(std::vector<int64_t>(items.begin(), items.begin() + 10),
             (std::vector<int64_t>{160, 160, 160, 160, 160, 160, 160, 160, 64, 64}));
+}
+
+// Resumed from checkpoint-18 (epoch 1, batch 6 of 12) with ignore_data_skip: epoch 1 runs again
+// from its first batch, in the order it had, and the run still ends at step 60, half-way
+// through epoch 4 (CASES' "ignore_data_skip" in trainer_reference.py).
+TEST(TrainerReference, IgnoreDataSkipRestartsTheEpochAsTransformersTrainer) {
+  auto save_every_18 = [](mixprec::TrainingArguments& a) {
+    a.save_strategy = "steps";
+    a.save_steps = 18;
+  };
+  compare_with_hf("ignore_data_skip", {1e-4, 0.0}, save_every_18, {}, "checkpoint-18",
+                  [](mixprec::TrainingArguments& a) { a.ignore_data_skip = true; });
+}
+
+// save_only_model: checkpoints of the model and the Trainer's state, nothing to resume the
+// optimizer, schedule or generators from, as HF's.
+TEST(TrainerReference, SaveOnlyModelCheckpointsHoldWhatTransformersTrainersDo) {
+  compare_with_hf("save_only_model", {1e-4, 0.0}, [](mixprec::TrainingArguments& a) {
+    a.save_strategy = "steps";
+    a.save_steps = 18;
+    a.save_only_model = true;
+  });
 }
 
 // The tiny GPT-2 on sequences padded with -100 labels, in accumulation windows of 2, 2 and 1

@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -45,6 +46,7 @@ struct ClassifierImpl : torch::nn::Module {
       loss = torch::nn::functional::cross_entropy(logits, batch.at("labels"));
     return {loss, logits};
   }
+  std::string main_input_name = "x";  // HF's model.main_input_name
   torch::nn::Linear fc1;
   torch::nn::LayerNorm norm;
   torch::nn::Linear fc2;
@@ -613,6 +615,128 @@ TEST_F(TrainerTest, EarlyStoppingStateSurvivesAResume) {
                             [&](const std::string& m) { return m.find(expected) != m.npos; }))
         << expected;
   }
+}
+
+// save_only_model: checkpoints of the model and the Trainer's files only. SGD without momentum
+// keeps no state, so a run resumed from one (mid-epoch) with other initial weights ends where
+// the uninterrupted run did: the weights come back, and the schedule and the data go on from
+// the checkpoint's step. AdamW's moments start afresh, with a warning that says so.
+TEST_F(TrainerTest, SaveOnlyModelResumesTheScheduleAndDataWithAFreshOptimizer) {
+  auto a = args("model_only");
+  a.optim = "sgd";
+  a.learning_rate = 0.1;
+  a.save_strategy = "steps";
+  a.save_steps = 7;  // 10 batches an epoch: mid-epoch
+  a.save_only_model = true;
+  torch::manual_seed(0);
+  Classifier whole;
+  Trainer(whole, a, train_, eval_, accuracy).train();
+  const auto checkpoint = fs::path(a.output_dir) / "checkpoint-7";
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(checkpoint))
+    files.push_back(entry.path().filename().string());
+  std::ranges::sort(files);
+  EXPECT_EQ(files, (std::vector<std::string>{"checksums.json", "model.safetensors",
+                                             "trainer_state.json", "training_args.json"}));
+
+  for (const std::string optim : {"sgd", "adamw_torch"}) {
+    SCOPED_TRACE(optim);
+    auto b = a;
+    b.optim = optim;
+    b.output_dir = (dir_ / ("model_only_resumed_" + optim)).string();
+    torch::manual_seed(5);
+    Classifier resumed;
+    mixprec::testing::CapturedWarnings warnings;
+    Trainer trainer(resumed, b, train_, eval_, accuracy);
+    EXPECT_EQ(trainer.train(checkpoint.string()).global_step, 40);
+    EXPECT_TRUE(std::any_of(warnings.messages.begin(), warnings.messages.end(), [](auto& m) {
+      return m.find("holds the model only (saved with save_only_model): the optimizer's state") !=
+             m.npos;
+    }));
+    // The learning rate logged after the resume is the uninterrupted run's at that step.
+    const auto& log = trainer.state().log_history;
+    auto at_step_10 = std::find_if(log.begin(), log.end(), [](const Metrics& e) {
+      return e.count("loss") && e.at("step") == 10;
+    });
+    ASSERT_NE(at_step_10, log.end());
+    EXPECT_DOUBLE_EQ(at_step_10->at("learning_rate"), 0.1 * (40 - 9) / 40.0);
+    if (optim == "sgd")
+      EXPECT_TRUE(torch::equal(flat_params(*resumed), flat_params(*whole)));
+    else  // AdamW's first steps are lr-sized whatever the gradients: the moments were lost
+      EXPECT_FALSE(torch::allclose(flat_params(*resumed), flat_params(*whole), 1e-3, 1e-3));
+  }
+}
+
+// include_for_metrics gives compute_metrics the batches' main input (the model's
+// main_input_name) and each sample's batch loss; batch_eval_metrics calls it per batch, the last
+// with compute_result, whose metrics are the evaluation's, and keeps no logits, but predict()
+// still returns them all.
+TEST_F(TrainerTest, ComputeMetricsGetsInputsLossesAndRunsPerBatch) {
+  auto a = args("metrics");
+  a.include_for_metrics = {"inputs", "loss"};
+  std::vector<at::Tensor> eval_x;
+  for (size_t i = 0; i < eval_->size(); ++i) eval_x.push_back(eval_->get(i).at("x"));
+  const at::Tensor expected_inputs = torch::stack(eval_x);
+  torch::manual_seed(0);
+  Classifier model;
+  at::Tensor inputs, losses;
+  Trainer whole_set(model, a, train_, eval_, [&](const mixprec::train::EvalPrediction& p) {
+    inputs = p.inputs;
+    losses = p.losses;
+    EXPECT_TRUE(p.compute_result);
+    return accuracy(p);
+  });
+  const Metrics metrics = whole_set.evaluate();
+  EXPECT_TRUE(torch::equal(inputs, expected_inputs));
+  // Two batches of 32: each sample carries its batch's mean loss.
+  ASSERT_EQ(losses.sizes(), (std::vector<int64_t>{64}));
+  EXPECT_TRUE(torch::equal(losses.slice(0, 0, 32), losses[0].expand({32})));
+  EXPECT_TRUE(torch::equal(losses.slice(0, 32), losses[32].expand({32})));
+  EXPECT_NEAR(losses.to(at::kDouble).mean().item<double>(), metrics.at("eval_loss"), 1e-12);
+
+  a.batch_eval_metrics = true;
+  int64_t correct = 0, seen = 0;
+  std::vector<bool> compute_results;
+  Trainer per_batch(model, a, train_, eval_, [&](const mixprec::train::EvalPrediction& p) {
+    EXPECT_EQ(p.inputs.size(0), p.predictions.size(0));
+    EXPECT_EQ(p.losses.size(0), p.predictions.size(0));
+    correct += p.predictions.argmax(1).eq(p.label_ids).sum().item<int64_t>();
+    seen += p.predictions.size(0);
+    compute_results.push_back(p.compute_result);
+    if (!p.compute_result) return Metrics{};
+    const Metrics result{{"accuracy", static_cast<double>(correct) / static_cast<double>(seen)}};
+    correct = seen = 0;
+    return result;
+  });
+  const Metrics batched = per_batch.evaluate();
+  EXPECT_EQ(compute_results, (std::vector<bool>{false, true}));
+  EXPECT_DOUBLE_EQ(batched.at("eval_accuracy"), metrics.at("eval_accuracy"));
+  EXPECT_DOUBLE_EQ(batched.at("eval_loss"), metrics.at("eval_loss"));
+  const auto predicted = per_batch.predict(eval_);
+  EXPECT_EQ(predicted.predictions.size(0), 64);
+  EXPECT_DOUBLE_EQ(predicted.metrics.at("test_accuracy"), metrics.at("eval_accuracy"));
+
+  per_batch.set_main_input_name("pixels");
+  EXPECT_NE(mixprec::testing::error_of([&] { per_batch.evaluate(); })
+                .find("include_for_metrics has \"inputs\", but the eval batch holds no 'pixels' "
+                      "(the model's main_input_name); its keys: labels, x"),
+            std::string::npos);
+}
+
+// full_determinism: enable_full_determinism instead of set_seed, as HF's; LibTorch then refuses
+// nondeterministic algorithms process-wide.
+TEST_F(TrainerTest, FullDeterminismTurnsOnDeterministicAlgorithms) {
+  auto a = args("deterministic");
+  a.max_steps = 2;
+  a.full_determinism = true;
+  ASSERT_FALSE(at::globalContext().deterministicAlgorithms());
+  Classifier model;
+  Trainer(model, a, train_, eval_, accuracy).train();
+  EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
+  EXPECT_FALSE(at::globalContext().deterministicAlgorithmsWarnOnly());
+  EXPECT_TRUE(at::globalContext().deterministicCuDNN());
+  EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":16:8");
+  at::globalContext().setDeterministicAlgorithms(false, false);
 }
 
 // train() again, as HF allows: the second run makes its optimizer, schedule and data position

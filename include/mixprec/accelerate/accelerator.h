@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <filesystem>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <sstream>
@@ -26,6 +27,10 @@
 #include <tuple>
 #include <utility>
 #include <vector>
+
+namespace mixprec::io {
+class CheckpointWriter;
+}  // namespace mixprec::io
 
 namespace mixprec::accelerate {
 
@@ -506,8 +511,11 @@ class Accelerator {
   /// ones then go to keep total_limit; a `dir` given is used (Accelerate ignores it then).
   /// Every save adds 1 to the iteration. Returns the folder. In data parallel every process
   /// must see the same folder (a shared file system), as the Trainer's checkpoints need.
+  /// `models_only` saves the prepared models and `extra_files` alone (the Trainer's
+  /// save_only_model), which load_state() cannot resume from.
   std::filesystem::path save_state(const std::optional<std::string>& dir = std::nullopt,
-                                   const std::map<std::string, std::string>& extra_files = {});
+                                   const std::map<std::string, std::string>& extra_files = {},
+                                   bool models_only = false);
   /// Restores what save_state wrote, after checking its checksums; a missing
   /// or damaged file, or a state that does not fit what was prepared, is an
   /// error that names the file. Without `dir`, with automatic checkpoint naming, the
@@ -571,6 +579,9 @@ class Accelerator {
   // Runs `write` on the main process; then every process learns whether it failed, and throws
   // if it did (a barrier would leave the others waiting out the process group's timeout).
   void main_process_writes(const char* what, const std::function<void()>& write) const;
+  // What save_state() writes besides the models and its extra files: what a resume needs.
+  void write_training_state(io::CheckpointWriter& writer,
+                            const std::vector<std::map<std::string, at::Tensor>>& rng_states) const;
 
   std::shared_ptr<detail::Shared> shared_;
 };

@@ -16,10 +16,17 @@ namespace mixprec::train {
 
 /// What compute_metrics gets: the model's logits and the labels of the whole
 /// evaluation set, concatenated along dim 0 (other dims padded with -100 where
-/// batches differ, as HF does).
+/// batches differ, as HF does). With TrainingArguments::batch_eval_metrics, those of one batch.
 struct EvalPrediction {
   at::Tensor predictions;
   at::Tensor label_ids;
+  /// With include_for_metrics "inputs": the batches' main input (the model's main_input_name).
+  at::Tensor inputs;
+  /// With include_for_metrics "loss": each sample's batch loss (fp32), as HF repeats it.
+  at::Tensor losses;
+  /// HF's compute_result keyword: false on all but the last batch with batch_eval_metrics, whose
+  /// metrics are the evaluation's (the others' are not used); always true otherwise.
+  bool compute_result = true;
 };
 using ComputeMetrics = std::function<Metrics(const EvalPrediction&)>;
 
@@ -38,6 +45,16 @@ struct PredictionOutput {
   at::Tensor label_ids;
   Metrics metrics;  // test_loss, test_<metric>, ...
 };
+
+/// HF's model.main_input_name: the batch key of a model's main input, for include_for_metrics
+/// "inputs" ("input_ids" when the model has no `main_input_name` member).
+template <typename M>
+std::string main_input_name_of(const M& model) {
+  if constexpr (requires { std::string(model->main_input_name); })
+    return std::string(model->main_input_name);
+  else
+    return "input_ids";
+}
 
 /// How the Trainer runs a model on a batch. A model whose `forward(batch)`
 /// takes the batch gets it; otherwise `forward(input_ids, labels)` (HF's
@@ -65,6 +82,13 @@ using NumItemsForward =
 /// labels[t + 1]. In fp32 whatever the logits' dtype.
 at::Tensor label_smoothed_loss(const at::Tensor& logits, const at::Tensor& labels, double epsilon,
                                bool shift_labels, std::optional<int64_t> num_items = std::nullopt);
+
+/// transformers' enable_full_determinism: set_seed(seed), then deterministic algorithms only
+/// (LibTorch's error for an op without one, or its warning with `warn_only`), cuDNN deterministic
+/// and not benchmarking, and the environment that deterministic cuBLAS needs
+/// (CUBLAS_WORKSPACE_CONFIG=:16:8, CUDA_LAUNCH_BLOCKING=1). The Trainer calls it instead of
+/// set_seed with TrainingArguments::full_determinism. It changes the whole process, as HF's.
+void enable_full_determinism(uint64_t seed, bool warn_only = false);
 
 template <typename M>
 BatchForward forward_on_batches(M model) {
@@ -109,6 +133,7 @@ class Trainer {
       : Trainer(module_of(model), forward_on_batches(model), std::move(args),
                 std::move(train_dataset), std::move(eval_dataset), std::move(compute_metrics),
                 std::move(callbacks), std::move(data_collator), std::move(compute_loss_func)) {
+    set_main_input_name(main_input_name_of(model));
     // As HF's Trainer for a model whose forward takes loss kwargs (GPT2LMHeadModel's
     // **kwargs): every label token of an accumulation window weighs the same in the update,
     // whichever micro-batch holds it.
@@ -136,6 +161,10 @@ class Trainer {
   /// a compute_loss_func gets its labels[..., 1:] counted. (HF tells a causal LM by its class or
   /// loss_type, and also reads a collator's "shift_labels"; mixprec by this call only.)
   void set_num_items_forward(NumItemsForward forward);
+
+  /// The batch key EvalPrediction::inputs comes from (include_for_metrics "inputs"); the
+  /// constructor from a model sets it to main_input_name_of(model).
+  void set_main_input_name(std::string name);
 
   /// Trains; `resume_from_checkpoint` (or args.resume_from_checkpoint) is a
   /// checkpoint folder to continue from exactly where it was saved, or "last":

@@ -44,6 +44,13 @@ struct TrainingArguments {
   int64_t per_device_eval_batch_size = 8;
   /// evaluate() and predict() keep only the loss: no logits, labels nor compute_metrics.
   bool prediction_loss_only = false;
+  /// What else compute_metrics gets in its EvalPrediction: "inputs" (the batches' main input,
+  /// the model's main_input_name, "input_ids" by default) and "loss" (each sample's batch loss).
+  std::vector<std::string> include_for_metrics = {};
+  /// compute_metrics runs on each evaluation batch (EvalPrediction::compute_result is true on the
+  /// last, whose metrics are the evaluation's) instead of once on them all, so that no logits are
+  /// kept for the whole evaluation set.
+  bool batch_eval_metrics = false;
   int64_t gradient_accumulation_steps = 1;
   /// Recompute each layer's activations in the backward instead of keeping them (the model's
   /// `activation_checkpointing_enable()`; models::SupportsActivationCheckpointing). Also read
@@ -75,6 +82,10 @@ struct TrainingArguments {
   std::string save_strategy = "steps";  // "no" | "steps" | "epoch" | "best"
   double save_steps = 500;
   std::optional<int64_t> save_total_limit = std::nullopt;  // 0 or below: no limit, as HF's
+  /// Checkpoints hold the model, trainer_state.json and training_args.json only: no optimizer,
+  /// schedule, scaler, RNG nor data position. A run resumed from one starts its optimizer and
+  /// loss scale afresh (with a warning); its schedule and data go on from the checkpoint's step.
+  bool save_only_model = false;
   bool load_best_model_at_end = false;
   /// "loss" when load_best_model_at_end is set; "eval_" is prefixed if missing.
   std::optional<std::string> metric_for_best_model = std::nullopt;
@@ -86,6 +97,9 @@ struct TrainingArguments {
   /// num_items_in_batch) have their labels shifted as their own loss does. 0: the model's loss.
   double label_smoothing_factor = 0;
   int64_t seed = 42;
+  /// enable_full_determinism(seed) instead of set_seed(seed): deterministic algorithms only
+  /// (LibTorch's error for an op that has none), slower.
+  bool full_determinism = false;
   std::optional<int64_t> data_seed = std::nullopt;
   int64_t dataloader_num_workers = 0;
   bool dataloader_drop_last = false;
@@ -100,6 +114,9 @@ struct TrainingArguments {
   /// "tensorboard", "jsonl", "all" or "none"; validate() leaves the trackers to use.
   std::vector<std::string> report_to = {"none"};
   std::optional<std::string> resume_from_checkpoint = std::nullopt;
+  /// On a resume, start the checkpoint's epoch from its first batch rather than skip the batches
+  /// it had trained on.
+  bool ignore_data_skip = false;
   /// On a resume, give the callbacks their states from the checkpoint's trainer_state.json
   /// (TrainerCallback::state; EarlyStoppingCallback's patience counter).
   bool restore_callback_states_from_checkpoint = false;
