@@ -329,7 +329,7 @@ void Accelerator::write_training_state(io::CheckpointWriter& writer,
                                             .dump(1));
 }
 
-void Accelerator::load_state(const std::optional<std::string>& dir_name) {
+void Accelerator::load_state(const std::optional<std::string>& dir_name, bool models_only) {
   using nlohmann::json;
   std::filesystem::path dir;
   if (dir_name) {
@@ -355,10 +355,16 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name) {
       TORCH_CHECK(false, file.string(), ": malformed JSON: ", e.what());
     }
   };
+  // Before any model changes: save_state(models_only) wrote no accelerator.json.
+  TORCH_CHECK(models_only || std::filesystem::exists(dir / "accelerator.json"),
+              "Accelerator::load_state: ", dir.string(),
+              " holds the models only (saved with models_only, the Trainer's save_only_model); "
+              "load_state(dir, /*models_only=*/true) loads them");
   for (size_t i = 0; i < shared_->models.size(); ++i) {
     const auto file = dir / nth("model", i, ".safetensors");
     io::load_module_state(*shared_->models[i], io::load_safetensors(file), file.string());
   }
+  if (models_only) return;
   for (size_t i = 0; i < shared_->optimizers.size(); ++i) {
     const auto file = dir / nth("optimizer", i, ".safetensors");
     io::OptimizerState state{io::load_safetensors(file),

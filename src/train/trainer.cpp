@@ -5,6 +5,8 @@
 #include "mixprec/models/activation_checkpoint.h"
 #include "mixprec/optim/adamw.h"
 
+#include "memory_tracker.h"
+
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
@@ -186,6 +188,7 @@ struct Trainer::Impl {
   double current_flos = 0;  // this process's, since they were last added to state.total_flos
   DataPosition position;    // registered for checkpointing once, by the constructor
   std::string main_input_name = "input_ids";  // HF's model.main_input_name
+  detail::MemoryTracker memory{false};        // on without args' skip_memory_metrics
   bool trackers_open = false;
 
   // The dtype of the first 16-bit parameter, if any. A model whose parameters
@@ -375,6 +378,10 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
                  data::CollateFn data_collator, ComputeLoss compute_loss_func)
     : impl_(std::make_unique<Impl>()), args_(std::move(args)) {
   args_.validate();
+  impl_->memory = detail::MemoryTracker(!args_.skip_memory_metrics);
+  detail::MemoryTracker::Stage measured(impl_->memory, "init");
+  // As HF's __init__ (which otherwise calls set_seed; mixprec seeds in train() only).
+  if (args_.full_determinism) enable_full_determinism(static_cast<uint64_t>(args_.seed));
   TORCH_CHECK(module, "Trainer: no model");
   if (args_.activation_checkpointing) {
     auto* model = dynamic_cast<models::SupportsActivationCheckpointing*>(module.get());
@@ -416,6 +423,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
   state_.is_local_process_zero = accelerator_->is_local_main_process();
   state_.is_world_process_zero = accelerator_->is_main_process();
   impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_init_end(a, s, c); });
+  measured.stop_and_update_metrics();
 }
 
 Trainer::~Trainer() = default;
@@ -428,6 +436,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   auto& acc = *accelerator_;
   auto& impl = *impl_;
   TORCH_CHECK(impl.train_dataset, "Trainer::train: no train_dataset");
+  detail::MemoryTracker::Stage measured(impl.memory, "train");
   TORCH_CHECK(!args_.eval_on_start || impl.eval_dataset,
               "Trainer::train: eval_on_start is true but no eval_dataset was given");
   // This run's optimizer and schedule live in this call: the accelerator forgets them when it
@@ -557,13 +566,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     const fs::path dir = *resume_from_checkpoint;
     // save_only_model's checkpoints have the model and the Trainer's files only.
     const bool model_only = !fs::exists(dir / "accelerator.json");
-    if (model_only) {
-      io::verify_checkpoint(dir);
-      const auto file = dir / "model.safetensors";
-      io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
-    } else {
-      acc.load_state(dir.string());
-    }
+    acc.load_state(dir.string(), model_only);
     const auto file = dir / "trainer_state.json";
     state_ = TrainerState::from_json(io::read_file(file), file.string());
     if (model_only) {
@@ -580,8 +583,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                  "data go on from step ",
                  step);
     }
-    // As HF's: the epoch starts again from its first batch.
-    if (args_.ignore_data_skip) position.state.batches_yielded = 0;
+    // As HF's: the epoch starts again from its first batch; after its last, the next does.
+    if (args_.ignore_data_skip)
+      position.state = {
+          position.state.epoch + (position.state.batches_yielded >= batches_per_epoch), 0};
     loader.load_state(position.state);
     // Mid-epoch, the batches done stand for other samples when the batch of all processes
     // together changed (another batch size or number of processes).
@@ -688,7 +693,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         }
       }
     }
-    if (impl.control.should_save) save_checkpoint();
+    if (impl.control.should_save) save_checkpoint(args_.save_only_model);
     impl.control.should_log = impl.control.should_evaluate = impl.control.should_save = false;
   };
 
@@ -817,7 +822,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
           stopped_by = signal;
           const auto dir =
               fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step));
-          if (!fs::exists(dir)) save_checkpoint();
+          // One to resume from, even where save_only_model saved the model alone.
+          if (!fs::exists(dir) || args_.save_only_model) save_checkpoint(/*model_only=*/false);
           impl.control.should_training_stop = true;
           if (acc.is_main_process())
             std::fprintf(stderr,
@@ -873,6 +879,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                       {"total_flos", state_.total_flos},
                       {"train_loss", train_loss}}};
   output.stopped_by_signal = stopped_by;
+  measured.stop_and_update_metrics(&output.metrics);
   log_in_place(output.metrics);
   // Then, as HF's _finalize_training: the best model, and with save_total_limit 1 only the best
   // checkpoint stays.
@@ -890,7 +897,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   return output;
 }
 
-void Trainer::save_checkpoint() {
+void Trainer::save_checkpoint(bool model_only) {
   auto& acc = *accelerator_;
   const fs::path dir =
       fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step));
@@ -901,7 +908,7 @@ void Trainer::save_checkpoint() {
   acc.save_state(
       dir.string(),
       {{"trainer_state.json", state_.to_json()}, {"training_args.json", args_.to_json()}},
-      args_.save_only_model);
+      model_only);
   // As HF's _rotate_checkpoints: a limit of 0 or below keeps every checkpoint.
   if (args_.save_total_limit.value_or(0) > 0 && acc.is_main_process())
     rotate_checkpoints(*args_.save_total_limit);
@@ -1021,28 +1028,34 @@ void Trainer::log_in_place(Metrics& logs) {
 Metrics Trainer::evaluate(data::DatasetPtr eval_dataset) {
   if (!eval_dataset) eval_dataset = impl_->eval_dataset;
   TORCH_CHECK(eval_dataset, "Trainer::evaluate: no eval_dataset");
+  detail::MemoryTracker::Stage measured(impl_->memory, "eval");
   // As HF: without compute_metrics, nothing needs the logits (a language model's are large).
   Metrics metrics =
-      prediction_loop(eval_dataset, "eval", args_.prediction_loss_only || !impl_->compute_metrics)
+      prediction_loop(eval_dataset, "eval", args_.prediction_loss_only || !impl_->compute_metrics,
+                      /*predicting=*/false)
           .metrics;
   log_in_place(metrics);
   impl_->call(args_, state_,
               [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_evaluate(a, s, c, metrics); });
+  measured.stop_and_update_metrics(&metrics);  // as HF's: in what it returns, not in the logs
   return metrics;
 }
 
 PredictionOutput Trainer::predict(data::DatasetPtr test_dataset) {
   TORCH_CHECK(test_dataset, "Trainer::predict: no dataset");
+  detail::MemoryTracker::Stage measured(impl_->memory, "test");
   PredictionOutput output =
-      prediction_loop(std::move(test_dataset), "test", args_.prediction_loss_only);
+      prediction_loop(std::move(test_dataset), "test", args_.prediction_loss_only,
+                      /*predicting=*/true);
   impl_->call(args_, state_,
               [&](auto& cb, auto& a, auto& s, auto& c) { cb.on_predict(a, s, c, output.metrics); });
+  measured.stop_and_update_metrics(&output.metrics);
   return output;
 }
 
 // HF's evaluation_loop: the metrics' names start with `prefix`_.
 PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::string& prefix,
-                                          bool loss_only) {
+                                          bool loss_only, bool predicting) {
   auto& acc = *accelerator_;
   auto& impl = *impl_;
   // As HF: outside train(), *_full_eval runs the whole model in 16 bits.
@@ -1063,12 +1076,14 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   impl.module->eval();
   at::NoGradGuard no_grad;
   const auto& include = args_.include_for_metrics;
-  const bool with_inputs = !loss_only && impl.compute_metrics &&
-                           std::find(include.begin(), include.end(), "inputs") != include.end();
-  const bool with_losses = std::find(include.begin(), include.end(), "loss") != include.end();
-  const bool per_batch_metrics = !loss_only && impl.compute_metrics && args_.batch_eval_metrics;
+  const bool computes_metrics = !loss_only && impl.compute_metrics;
+  const bool with_inputs =
+      computes_metrics && std::find(include.begin(), include.end(), "inputs") != include.end();
+  const bool with_losses =
+      computes_metrics && std::find(include.begin(), include.end(), "loss") != include.end();
+  const bool per_batch_metrics = computes_metrics && args_.batch_eval_metrics;
   // As HF's: predict() returns every batch's logits and labels even when the metrics are per batch.
-  const bool keep_outputs = !loss_only && (!per_batch_metrics || prefix == "test");
+  const bool keep_outputs = !loss_only && (!per_batch_metrics || predicting);
   std::vector<at::Tensor> logits, labels, losses, inputs;
   Metrics metrics;  // compute_metrics' (with per_batch_metrics, its last call's)
   int64_t batches = 0;

@@ -96,6 +96,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("use_cpu", a.use_cpu),
       argument("label_names", a.label_names),
       argument("run_name", a.run_name),
+      argument("skip_memory_metrics", a.skip_memory_metrics),
       argument("numerics_monitor_steps", a.numerics_monitor_steps),
   };
 }

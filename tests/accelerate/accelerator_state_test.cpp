@@ -145,4 +145,36 @@ TEST_F(AcceleratorStateErrors, DamagedOrMismatchedStatesAreClearErrors) {
             std::string::npos);
 }
 
+// models_only: the models and the extra files alone; loading it whole is an error that says so,
+// before any model changes.
+TEST_F(AcceleratorStateErrors, ModelsOnlyStateLoadsOnlyModels) {
+  torch::manual_seed(1);
+  auto net = make_net();
+  mixprec::optim::AdamW adamw(net->parameters(), mixprec::optim::AdamWOptions(1e-2));
+  Accelerator saver;
+  auto [model, optimizer] = saver.prepare(net, adamw);
+  const auto dir = dir_ / "models";
+  saver.save_state(dir.string(), {{"notes.txt", "kept"}}, /*models_only=*/true);
+  std::vector<std::string> files;
+  for (const auto& entry : fs::directory_iterator(dir))
+    files.push_back(entry.path().filename().string());
+  std::ranges::sort(files);
+  EXPECT_EQ(files, (std::vector<std::string>{"checksums.json", "model.safetensors", "notes.txt"}));
+
+  torch::manual_seed(2);
+  auto other = make_net();
+  mixprec::optim::AdamW other_adamw(other->parameters(), mixprec::optim::AdamWOptions(1e-2));
+  Accelerator loader;
+  auto [other_model, other_optimizer] = loader.prepare(other, other_adamw);
+  const auto before = other->parameters()[0].detach().clone();
+  EXPECT_NE(error_of([&] { loader.load_state(dir.string()); })
+                .find("holds the models only (saved with models_only, the Trainer's "
+                      "save_only_model); load_state(dir, /*models_only=*/true) loads them"),
+            std::string::npos);
+  EXPECT_TRUE(torch::equal(other->parameters()[0], before));
+  loader.load_state(dir.string(), /*models_only=*/true);
+  for (size_t i = 0; i < net->parameters().size(); ++i)
+    EXPECT_TRUE(torch::equal(other->parameters()[i], net->parameters()[i]));
+}
+
 }  // namespace

@@ -69,6 +69,11 @@ CASES = [
     {"name": "ignore_data_skip", "bf16": False, "resume_from": "checkpoint-18",
      "args": {"save_strategy": "steps", "save_steps": 18},
      "resume_args": {"ignore_data_skip": True}},
+    # The same from checkpoint-36, saved on epoch 2's last step (before its end's log and
+    # evaluation, which the resumed run does not make): it goes on with epoch 3.
+    {"name": "ignore_data_skip_at_epoch_end", "bf16": False, "resume_from": "checkpoint-36",
+     "args": {"save_strategy": "steps", "save_steps": 18},
+     "resume_args": {"ignore_data_skip": True}},
     # save_only_model: the checkpoints hold the model and the Trainer's state only.
     {"name": "save_only_model", "bf16": False,
      "args": {"save_strategy": "steps", "save_steps": 18, "save_only_model": True}},

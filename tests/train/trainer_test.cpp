@@ -13,6 +13,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -628,21 +629,25 @@ TEST_F(TrainerTest, SaveOnlyModelResumesTheScheduleAndDataWithAFreshOptimizer) {
   a.save_strategy = "steps";
   a.save_steps = 7;  // 10 batches an epoch: mid-epoch
   a.save_only_model = true;
-  torch::manual_seed(0);
-  Classifier whole;
-  Trainer(whole, a, train_, eval_, accuracy).train();
-  const auto checkpoint = fs::path(a.output_dir) / "checkpoint-7";
-  std::vector<std::string> files;
-  for (const auto& entry : fs::directory_iterator(checkpoint))
-    files.push_back(entry.path().filename().string());
-  std::ranges::sort(files);
-  EXPECT_EQ(files, (std::vector<std::string>{"checksums.json", "model.safetensors",
-                                             "trainer_state.json", "training_args.json"}));
-
+  auto files_in = [](const fs::path& checkpoint) {
+    std::vector<std::string> files;
+    for (const auto& entry : fs::directory_iterator(checkpoint))
+      files.push_back(entry.path().filename().string());
+    std::ranges::sort(files);
+    return files;
+  };
   for (const std::string optim : {"sgd", "adamw_torch"}) {
     SCOPED_TRACE(optim);
+    a.optim = optim;
+    a.output_dir = (dir_ / ("model_only_" + optim)).string();
+    torch::manual_seed(0);
+    Classifier whole;
+    Trainer(whole, a, train_, eval_, accuracy).train();
+    const auto checkpoint = fs::path(a.output_dir) / "checkpoint-7";
+    EXPECT_EQ(files_in(checkpoint),
+              (std::vector<std::string>{"checksums.json", "model.safetensors", "trainer_state.json",
+                                        "training_args.json"}));
     auto b = a;
-    b.optim = optim;
     b.output_dir = (dir_ / ("model_only_resumed_" + optim)).string();
     torch::manual_seed(5);
     Classifier resumed;
@@ -665,6 +670,20 @@ TEST_F(TrainerTest, SaveOnlyModelResumesTheScheduleAndDataWithAFreshOptimizer) {
     else  // AdamW's first steps are lr-sized whatever the gradients: the moments were lost
       EXPECT_FALSE(torch::allclose(flat_params(*resumed), flat_params(*whole), 1e-3, 1e-3));
   }
+
+  // A signal's checkpoint is one to resume from, even over the model-only one of its step.
+  struct Interrupts : mixprec::train::TrainerCallback {
+    void on_step_end(const TrainingArguments&, TrainerState& s, TrainerControl&) override {
+      if (s.global_step == 7) std::raise(SIGTERM);
+    }
+  };
+  a.output_dir = (dir_ / "model_only_interrupted").string();
+  Classifier model;
+  Trainer interrupted(model, a, train_, eval_, accuracy, {std::make_shared<Interrupts>()});
+  EXPECT_EQ(interrupted.train().stopped_by_signal, SIGTERM);
+  const auto files = files_in(fs::path(a.output_dir) / "checkpoint-7");
+  EXPECT_TRUE(std::ranges::count(files, "optimizer.safetensors") &&
+              std::ranges::count(files, "accelerator.json"));
 }
 
 // include_for_metrics gives compute_metrics the batches' main input (the model's
@@ -680,6 +699,11 @@ TEST_F(TrainerTest, ComputeMetricsGetsInputsLossesAndRunsPerBatch) {
   torch::manual_seed(0);
   Classifier model;
   at::Tensor inputs, losses;
+  auto b = args("metrics_plain");  // nothing included: neither is defined
+  Trainer(model, b, train_, eval_, [&](const mixprec::train::EvalPrediction& p) {
+    EXPECT_FALSE(p.inputs.defined() || p.losses.defined());
+    return accuracy(p);
+  }).evaluate();
   Trainer whole_set(model, a, train_, eval_, [&](const mixprec::train::EvalPrediction& p) {
     inputs = p.inputs;
     losses = p.losses;
@@ -723,20 +747,80 @@ TEST_F(TrainerTest, ComputeMetricsGetsInputsLossesAndRunsPerBatch) {
             std::string::npos);
 }
 
-// full_determinism: enable_full_determinism instead of set_seed, as HF's; LibTorch then refuses
-// nondeterministic algorithms process-wide.
+// skip_memory_metrics = false: HF's memory metrics. A callback keeps 64 MB from step 2 on and
+// holds 128 MB more during step 3: train() left 64 MB allocated, and peaked 128 MB above that.
+// The first report also carries the constructor's ("init"); an evaluation returns its own but
+// does not log them, as HF's.
+TEST_F(TrainerTest, MemoryMetricsAsHfsTracker) {
+  struct Allocates : mixprec::train::TrainerCallback {
+    at::Tensor kept;
+    void on_step_end(const TrainingArguments&, TrainerState& s, TrainerControl&) override {
+      if (s.global_step == 2) kept = at::ones({16 << 20});             // 64 MB of floats
+      if (s.global_step == 3) at::Tensor held = at::ones({32 << 20});  // 128 MB, then freed
+    }
+  };
+  auto a = args("memory");
+  a.max_steps = 4;
+  a.save_strategy = "no";
+  a.skip_memory_metrics = false;
+  Classifier model;
+  auto allocates = std::make_shared<Allocates>();
+  Trainer trainer(model, a, train_, eval_, accuracy, {allocates});
+  const Metrics train = trainer.train().metrics;
+  constexpr double kMB = 1 << 20;
+  EXPECT_GE(train.at("train_mem_cpu_alloc_delta"), 60 * kMB);
+  EXPECT_GE(train.at("train_mem_cpu_peaked_delta"), 120 * kMB);
+  EXPECT_LT(train.at("train_mem_cpu_peaked_delta"), 200 * kMB);
+  for (const char* key : {"init_mem_cpu_alloc_delta", "init_mem_cpu_peaked_delta"})
+    EXPECT_TRUE(train.count(key)) << key;
+  EXPECT_GT(train.at("before_init_mem_cpu"), 0);
+  EXPECT_TRUE(trainer.state().log_history.back().count("train_mem_cpu_alloc_delta"));
+
+  const Metrics eval = trainer.evaluate();
+  EXPECT_TRUE(eval.count("eval_mem_cpu_alloc_delta") && eval.count("eval_mem_cpu_peaked_delta"));
+  EXPECT_FALSE(eval.count("init_mem_cpu_alloc_delta"));
+  EXPECT_FALSE(trainer.state().log_history.back().count("eval_mem_cpu_alloc_delta"));
+  EXPECT_TRUE(trainer.predict(eval_).metrics.count("test_mem_cpu_peaked_delta"));
+
+  a.skip_memory_metrics = true;  // the default
+  for (const auto& [key, value] : Trainer(model, a, train_, eval_, accuracy).train().metrics)
+    EXPECT_EQ(key.find("_mem_"), std::string::npos) << key;
+}
+
+// full_determinism: enable_full_determinism instead of set_seed, as HF's, from the constructor
+// on; LibTorch then refuses nondeterministic algorithms process-wide.
 TEST_F(TrainerTest, FullDeterminismTurnsOnDeterministicAlgorithms) {
+  auto& context = at::globalContext();
+  struct Restore {  // the process's settings as they were, whatever happens below
+    at::Context& context;
+    bool algorithms = context.deterministicAlgorithms(), cudnn = context.deterministicCuDNN(),
+         benchmark = context.benchmarkCuDNN();
+    ~Restore() {
+      context.setDeterministicAlgorithms(algorithms, false);
+      context.setDeterministicCuDNN(cudnn);
+      context.setBenchmarkCuDNN(benchmark);
+      unsetenv("CUBLAS_WORKSPACE_CONFIG");
+      unsetenv("CUDA_LAUNCH_BLOCKING");
+    }
+  } restore{context};
+  context.setDeterministicAlgorithms(false, false);
+  context.setBenchmarkCuDNN(true);
   auto a = args("deterministic");
   a.max_steps = 2;
   a.full_determinism = true;
-  ASSERT_FALSE(at::globalContext().deterministicAlgorithms());
   Classifier model;
-  Trainer(model, a, train_, eval_, accuracy).train();
-  EXPECT_TRUE(at::globalContext().deterministicAlgorithms());
-  EXPECT_FALSE(at::globalContext().deterministicAlgorithmsWarnOnly());
-  EXPECT_TRUE(at::globalContext().deterministicCuDNN());
+  Trainer trainer(model, a, train_, eval_, accuracy);
+  EXPECT_TRUE(context.deterministicAlgorithms());
+  EXPECT_FALSE(context.deterministicAlgorithmsWarnOnly());
+  EXPECT_TRUE(context.deterministicCuDNN());
+  EXPECT_FALSE(context.benchmarkCuDNN());
   EXPECT_STREQ(std::getenv("CUBLAS_WORKSPACE_CONFIG"), ":16:8");
-  at::globalContext().setDeterministicAlgorithms(false, false);
+  // Seeded as set_seed seeds: the same draw as after manual_seed(seed).
+  const auto drawn = torch::rand({4});
+  torch::manual_seed(static_cast<uint64_t>(a.seed));
+  EXPECT_TRUE(torch::equal(drawn, torch::rand({4})));
+  trainer.train();
+  EXPECT_TRUE(context.deterministicAlgorithms());
 }
 
 // train() again, as HF allows: the second run makes its optimizer, schedule and data position

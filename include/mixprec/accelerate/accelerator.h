@@ -520,7 +520,8 @@ class Accelerator {
   /// or damaged file, or a state that does not fit what was prepared, is an
   /// error that names the file. Without `dir`, with automatic checkpoint naming, the
   /// newest undamaged checkpoint_N, and the next save is N+1 (beyond the newest folder).
-  void load_state(const std::optional<std::string>& dir = std::nullopt);
+  /// `models_only` loads the prepared models alone (what save_state(models_only) wrote).
+  void load_state(const std::optional<std::string>& dir = std::nullopt, bool models_only = false);
   /// Automatic checkpoint naming's settings; its iteration may be set.
   ProjectConfiguration& project_configuration() { return shared_->options.project_config; }
   /// The number of the next automatically named checkpoint (Accelerate's save_iteration).

@@ -20,7 +20,9 @@ namespace mixprec::train {
 struct EvalPrediction {
   at::Tensor predictions;
   at::Tensor label_ids;
-  /// With include_for_metrics "inputs": the batches' main input (the model's main_input_name).
+  /// With include_for_metrics "inputs": the batches' main input (the model's main_input_name),
+  /// gathered from all processes as the logits are (with batch_eval_metrics too, where HF passes
+  /// the whole batch of this process).
   at::Tensor inputs;
   /// With include_for_metrics "loss": each sample's batch loss (fp32), as HF repeats it.
   at::Tensor losses;
@@ -50,7 +52,9 @@ struct PredictionOutput {
 /// "inputs" ("input_ids" when the model has no `main_input_name` member).
 template <typename M>
 std::string main_input_name_of(const M& model) {
-  if constexpr (requires { std::string(model->main_input_name); })
+  if constexpr (requires { std::string(model->main_input_name()); })
+    return std::string(model->main_input_name());
+  else if constexpr (requires { std::string(model->main_input_name); })
     return std::string(model->main_input_name);
   else
     return "input_ids";
@@ -203,13 +207,15 @@ class Trainer {
     else
       return model;
   }
-  // Writes a checkpoint of the run into output_dir/checkpoint-<global_step> (in train()).
-  void save_checkpoint();
+  // Writes a checkpoint of the run into output_dir/checkpoint-<global_step> (in train()); of the
+  // model and the Trainer's files only with `model_only`.
+  void save_checkpoint(bool model_only);
   void count_tokens_and_flos(const data::Batch& batch, int64_t flos_parameters);
   void store_flos();
-  // loss_only: HF's prediction_loss_only, no logits or labels kept (nor gathered).
+  // loss_only: HF's prediction_loss_only, no logits or labels kept (nor gathered). predicting:
+  // predict()'s loop, which returns the logits and labels even with batch_eval_metrics.
   PredictionOutput prediction_loop(data::DatasetPtr dataset, const std::string& prefix,
-                                   bool loss_only);
+                                   bool loss_only, bool predicting);
   void rotate_checkpoints(int64_t limit) const;
   void open_trackers();
   void log_in_place(Metrics& logs);

@@ -127,6 +127,11 @@ struct TrainingArguments {
   /// 16-bit, and the first gives EvalPrediction::label_ids (HF passes a tuple of all of them).
   std::optional<std::vector<std::string>> label_names = std::nullopt;
   std::optional<std::string> run_name = std::nullopt;
+  /// Without it, train(), evaluate() and predict() add the process's resident memory that each
+  /// left allocated and the peak above that to their metrics (train_mem_cpu_alloc_delta,
+  /// train_mem_cpu_peaked_delta, ... in bytes; the first also init's, for the constructor).
+  /// CPU memory only: CUDA's is not reported.
+  bool skip_memory_metrics = true;
   /// mixprec's own: inspect gradient and activation numerics (fp16 underflow
   /// and overflow, exponent ranges) at step 1 and every N steps, log them to
   /// report_to and print a summary at the end (log::NumericsMonitor); 0 = off.
