@@ -1,12 +1,13 @@
 #include "mixprec/data/tokenizer.h"
 
+#include "mixprec/io/safetensors.h"
+
+#include <c10/util/Exception.h>
+
 #include <algorithm>
 #include <array>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <sstream>
 #include <stdexcept>
 
 namespace mixprec::data {
@@ -309,13 +310,13 @@ std::string ByteTokenizer::id_to_token(int64_t id) const {
 // ================================================================= BPETokenizer
 
 BPETokenizer BPETokenizer::from_file(const std::string& path) {
-  if (std::filesystem::is_directory(path))
-    throw std::runtime_error(path + ": is a directory, expected a tokenizer file");
-  std::ifstream in(path, std::ios::binary);
-  if (!in) throw std::runtime_error(path + ": cannot open tokenizer file");
-  std::ostringstream text;
-  text << in.rdbuf();
-  return from_json(text.str(), path);
+  std::string text;
+  try {
+    text = io::read_file(path);
+  } catch (const c10::Error& e) {  // this class's errors are std::runtime_error
+    throw std::runtime_error(std::string(e.what_without_backtrace()) + " (tokenizer file)");
+  }
+  return from_json(text, path);
 }
 
 BPETokenizer BPETokenizer::from_json(std::string_view text, const std::string& source) {

@@ -1,12 +1,12 @@
 #include "argument_parser.h"
 
+#include "mixprec/io/safetensors.h"
+
 #include <c10/util/Exception.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
-#include <fstream>
 #include <limits>
 #include <sstream>
 
@@ -98,13 +98,13 @@ json parse_config_text(const std::string& text, bool yaml, const std::string& ow
 }
 
 json read_config_file(const std::string& path, const std::string& owner) {
-  TORCH_CHECK(!std::filesystem::is_directory(path), owner, ": '", path,
-              "' is a directory, expected a .json or .yaml file");
-  std::ifstream in(path);
-  TORCH_CHECK(in.good(), owner, ": cannot open '", path, "'");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_config_text(text.str(), path.ends_with(".yaml") || path.ends_with(".yml"),
+  std::string text;
+  try {
+    text = io::read_file(path);
+  } catch (const c10::Error& e) {  // "<path>: cannot open (...)", "<path>: is a directory, ..."
+    TORCH_CHECK(false, owner, ": ", e.what_without_backtrace());
+  }
+  return parse_config_text(text, path.ends_with(".yaml") || path.ends_with(".yml"),
                            owner + ": " + path);
 }
 

@@ -92,6 +92,18 @@ int64_t non_embedding_parameters(torch::nn::Module& module) {
   return count;
 }
 
+// The Trainer's loaders, in order (train() shuffles its own): each process takes its batches
+// of every num_processes, as Accelerate's BatchSamplerShard shares them.
+data::DataLoaderOptions loader_options_of(const TrainingArguments& args,
+                                          const accelerate::Accelerator& acc, int64_t batch_size) {
+  return {.batch_size = static_cast<size_t>(batch_size),
+          .drop_last = args.dataloader_drop_last,
+          .num_workers = static_cast<size_t>(args.dataloader_num_workers),
+          .num_replicas = static_cast<size_t>(acc.num_processes()),
+          .rank = static_cast<size_t>(acc.process_index()),
+          .sharding = data::Sharding::kBatchSamplerShard};
+}
+
 std::vector<std::string> keys_of(const data::Batch& batch) {
   std::vector<std::string> keys;
   for (const auto& [key, value] : batch) keys.push_back(key);
@@ -187,8 +199,9 @@ struct Trainer::Impl {
   bool in_train = false;
   double current_flos = 0;  // this process's, since they were last added to state.total_flos
   DataPosition position;    // registered for checkpointing once, by the constructor
-  std::string main_input_name = "input_ids";  // HF's model.main_input_name
-  detail::MemoryTracker memory{false};        // on without args' skip_memory_metrics
+  std::string main_input_name = "input_ids";      // HF's model.main_input_name
+  detail::MemoryTracker memory{false};            // on without args' skip_memory_metrics
+  std::shared_ptr<data::DataLoader> eval_loader;  // the last evaluation's, for kwargs()
   bool trackers_open = false;
 
   // The dtype of the first 16-bit parameter, if any. A model whose parameters
@@ -331,7 +344,7 @@ struct Trainer::Impl {
       kwargs.lr_scheduler = &schedule;
       kwargs.train_dataloader = &loader;
     }
-    ~Training() { kwargs = {.model = kwargs.model}; }
+    ~Training() { kwargs = {.model = kwargs.model, .eval_dataloader = kwargs.eval_dataloader}; }
   };
 };
 
@@ -477,16 +490,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   else
     accelerate::set_seed(static_cast<uint64_t>(args_.seed));
 
-  data::DataLoader loader(impl.train_dataset,
-                          {.batch_size = static_cast<size_t>(args_.per_device_train_batch_size),
-                           .shuffle = true,
-                           .seed = static_cast<uint64_t>(args_.data_seed.value_or(args_.seed)),
-                           .drop_last = args_.dataloader_drop_last,
-                           .num_workers = static_cast<size_t>(args_.dataloader_num_workers),
-                           .num_replicas = static_cast<size_t>(acc.num_processes()),
-                           .rank = static_cast<size_t>(acc.process_index()),
-                           .sharding = data::Sharding::kBatchSamplerShard},
-                          impl.collate);
+  auto loader_options = loader_options_of(args_, acc, args_.per_device_train_batch_size);
+  loader_options.shuffle = args_.train_sampling_strategy == "random";
+  loader_options.seed = static_cast<uint64_t>(args_.data_seed.value_or(args_.seed));
+  data::DataLoader loader(impl.train_dataset, loader_options, impl.collate);
   const int64_t batches_per_epoch = static_cast<int64_t>(loader.size());
   TORCH_CHECK(batches_per_epoch > 0, "Trainer: the train dataset gives no batch of ",
               args_.per_device_train_batch_size, " samples");
@@ -1064,14 +1071,14 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
   const auto label_names = label_names_of(args_);
   const int64_t token_processes = token_processes_of(args_, acc);
-  data::DataLoader loader(std::move(dataset),
-                          {.batch_size = static_cast<size_t>(args_.per_device_eval_batch_size),
-                           .drop_last = args_.dataloader_drop_last,
-                           .num_workers = static_cast<size_t>(args_.dataloader_num_workers),
-                           .num_replicas = static_cast<size_t>(acc.num_processes()),
-                           .rank = static_cast<size_t>(acc.process_index()),
-                           .sharding = data::Sharding::kBatchSamplerShard},
-                          impl.collate);
+  // Kept for the callbacks' kwargs() until the next evaluation, as HF's callback handler keeps
+  // it; held here too, for a callback that evaluates again from inside this loop.
+  const auto loader_ptr = std::make_shared<data::DataLoader>(
+      std::move(dataset), loader_options_of(args_, acc, args_.per_device_eval_batch_size),
+      impl.collate);
+  data::DataLoader& loader = *loader_ptr;
+  impl.eval_loader = loader_ptr;
+  impl.kwargs.eval_dataloader = loader_ptr.get();
   const auto start = std::chrono::steady_clock::now();
   impl.module->eval();
   at::NoGradGuard no_grad;

@@ -82,6 +82,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("seed", a.seed),
       argument("full_determinism", a.full_determinism),
       argument("data_seed", a.data_seed),
+      argument("train_sampling_strategy", a.train_sampling_strategy),
       argument("dataloader_num_workers", a.dataloader_num_workers),
       argument("dataloader_drop_last", a.dataloader_drop_last),
       argument("average_tokens_across_devices", a.average_tokens_across_devices),
@@ -150,6 +151,13 @@ void TrainingArguments::validate() {
       trackers.push_back(r);
   }
   report_to = trackers;
+  TORCH_CHECK(!one_of(train_sampling_strategy, {"group_by_length", "batch_rebalance"}),
+              "TrainingArguments: train_sampling_strategy '", train_sampling_strategy,
+              "' is not supported by mixprec; use \"random\" or \"sequential\"");
+  TORCH_CHECK(one_of(train_sampling_strategy, {"random", "sequential"}),
+              "TrainingArguments: train_sampling_strategy '", train_sampling_strategy,
+              "' is not one of \"random\", \"sequential\", \"group_by_length\", "
+              "\"batch_rebalance\"");
   // HF ignores other names; a typo here would silently give compute_metrics nothing.
   for (const auto& name : include_for_metrics)
     TORCH_CHECK(one_of(name, {"inputs", "loss"}), "TrainingArguments: include_for_metrics '", name,

@@ -174,7 +174,8 @@ TEST(BPETokenizer, BadInput) {
                "tok.json: invalid JSON: [json.exception.parse_error.101] parse error at line 1, "
                "column 14");
   expect_error([] { BPETokenizer::from_file("/nonexistent/tokenizer.json"); },
-               "/nonexistent/tokenizer.json: cannot open tokenizer file");
+               "/nonexistent/tokenizer.json: cannot open (No such file or directory) (tokenizer "
+               "file)");
   expect_load_error([](json& j) { j["model"]["type"] = "WordPiece"; },
                     "tok.json: key 'model.type': unsupported: expected \"BPE\", got \"WordPiece\"");
   expect_load_error(

@@ -74,6 +74,8 @@ CASES = [
     {"name": "ignore_data_skip_at_epoch_end", "bf16": False, "resume_from": "checkpoint-36",
      "args": {"save_strategy": "steps", "save_steps": 18},
      "resume_args": {"ignore_data_skip": True}},
+    # The samples in their order, every epoch (SequentialSampler).
+    {"name": "sequential", "bf16": False, "args": {"train_sampling_strategy": "sequential"}},
     # save_only_model: the checkpoints hold the model and the Trainer's state only.
     {"name": "save_only_model", "bf16": False,
      "args": {"save_strategy": "steps", "save_steps": 18, "save_only_model": True}},

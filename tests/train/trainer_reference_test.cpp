@@ -298,6 +298,13 @@ TEST(TrainerReference, IgnoreDataSkipAtAnEpochsEndGoesOnWithTheNextAsTransformer
       {}, "checkpoint-36", [](mixprec::TrainingArguments& a) { a.ignore_data_skip = true; });
 }
 
+// train_sampling_strategy "sequential": every epoch in the dataset's order, as HF's
+// SequentialSampler.
+TEST(TrainerReference, SequentialSamplingMatchesTransformersTrainer) {
+  compare_with_hf("sequential", {1e-4, 0.0},
+                  [](mixprec::TrainingArguments& a) { a.train_sampling_strategy = "sequential"; });
+}
+
 // save_only_model: checkpoints of the model and the Trainer's state, nothing to resume the
 // optimizer, schedule or generators from, as HF's.
 TEST(TrainerReference, SaveOnlyModelCheckpointsHoldWhatTransformersTrainersDo) {

@@ -495,7 +495,8 @@ TEST_F(TrainerTest, CallbacksReachTheModelOptimizerAndSchedule) {
     void note(const std::string& event) {
       const auto& k = kwargs();
       seen.push_back(event + ":" + (k.model ? "m" : "") + (k.optimizer ? "o" : "") +
-                     (k.lr_scheduler ? "s" : "") + (k.train_dataloader ? "d" : ""));
+                     (k.lr_scheduler ? "s" : "") + (k.train_dataloader ? "d" : "") +
+                     (k.eval_dataloader ? "e" : ""));
     }
     void on_init_end(const TrainingArguments&, TrainerState&, TrainerControl&) override {
       note("init");
@@ -515,6 +516,7 @@ TEST_F(TrainerTest, CallbacksReachTheModelOptimizerAndSchedule) {
     void on_evaluate(const TrainingArguments&, TrainerState&, TrainerControl&,
                      const Metrics&) override {
       note("evaluate");
+      EXPECT_EQ(kwargs().eval_dataloader->size(), 2u);  // 64 samples in batches of 32
     }
     void on_train_end(const TrainingArguments&, TrainerState&, TrainerControl&) override {
       note("train_end");
@@ -531,8 +533,8 @@ TEST_F(TrainerTest, CallbacksReachTheModelOptimizerAndSchedule) {
   Trainer trainer(model, a, train_, eval_, accuracy, {frozen});
   trainer.train();
   trainer.evaluate();  // after train(): its optimizer, schedule and loader are gone
-  EXPECT_EQ(frozen->seen, (std::vector<std::string>{"init:m", "train_begin:mosd", "evaluate:mosd",
-                                                    "train_end:mosd", "evaluate:m"}));
+  EXPECT_EQ(frozen->seen, (std::vector<std::string>{"init:m", "train_begin:mosd", "evaluate:mosde",
+                                                    "train_end:mosde", "evaluate:me"}));
   // The linear schedule halfway through 10 steps, for both param groups (decay, no decay).
   ASSERT_EQ(frozen->lrs_after_step_5.size(), 2u);
   for (double lr : frozen->lrs_after_step_5) EXPECT_DOUBLE_EQ(lr, 2.5e-3);

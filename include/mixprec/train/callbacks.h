@@ -71,13 +71,15 @@ struct CallbackState {
 };
 
 /// The keyword arguments HF's Trainer gives every event: its model (the module given to it,
-/// unwrapped), and during train() its optimizer, lr_scheduler and train_dataloader; null where
-/// there is none (before and after train(), these three are local to it).
+/// unwrapped), during train() its optimizer, lr_scheduler and train_dataloader, and from the
+/// first evaluation or prediction on the loader of the last; null where there is none (before
+/// and after train(), the first three are local to it).
 struct CallbackKwargs {
   torch::nn::Module* model = nullptr;
   torch::optim::Optimizer* optimizer = nullptr;
   optim::LRScheduler* lr_scheduler = nullptr;
   data::DataLoader* train_dataloader = nullptr;
+  data::DataLoader* eval_dataloader = nullptr;
 };
 
 /// `transformers.TrainerCallback`: hooks on the Trainer's events; each may
