@@ -51,6 +51,13 @@ nlohmann::json random_sampler_passes(Loader& loader, const std::string& key) {
   return {{"passes", passes}, {"draws", draws}};
 }
 
+/// Whether this build runs under AddressSanitizer (which keeps freed memory in quarantine).
+#if defined(__SANITIZE_ADDRESS__)
+inline constexpr bool kAddressSanitizer = true;
+#else
+inline constexpr bool kAddressSanitizer = false;
+#endif
+
 /// The message of every warning raised on this thread while it lives.
 class CapturedWarnings : public c10::WarningHandler {
  public:

@@ -48,11 +48,12 @@ MemoryTracker::Stage::Stage(MemoryTracker& tracker, std::string name)
     : tracker_(tracker.enabled_ && !tracker.current_ ? &tracker : nullptr), name_(std::move(name)) {
   if (!tracker_) return;
   tracker_->current_ = name_;
+  // Trimmed first: the mark then starts from what is in use, not from what the heap kept.
+  tracker_->begin_ = resident_bytes();
   if (!reset_peak()) {
     TORCH_WARN_ONCE("Trainer: cannot reset the peak memory (/proc/self/clear_refs); the ",
                     "mem_cpu_peaked_delta metrics count from the process's start");
   }
-  tracker_->begin_ = resident_bytes();
 }
 
 MemoryTracker::Stage::~Stage() {

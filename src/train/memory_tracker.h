@@ -13,7 +13,8 @@ namespace mixprec::train::detail {
 /// process's resident memory when a stage starts and ends (after the heap returns what it keeps
 /// freed, as HF empties CUDA's cache), and its peak in between, read from the kernel's high-water
 /// mark (reset when the stage starts) rather than by HF's thread that polls the resident size.
-/// CUDA's memory is not reported.
+/// CUDA's memory is not reported. Resetting the mark also resets the process's own peak
+/// (getrusage's ru_maxrss, what `time` reports at exit) to the stage's start.
 class MemoryTracker {
  public:
   explicit MemoryTracker(bool enabled) : enabled_(enabled) {}

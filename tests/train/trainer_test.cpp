@@ -770,16 +770,26 @@ TEST_F(TrainerTest, MemoryMetricsAsHfsTracker) {
   Trainer trainer(model, a, train_, eval_, accuracy, {allocates});
   const Metrics train = trainer.train().metrics;
   constexpr double kMB = 1 << 20;
-  EXPECT_GE(train.at("train_mem_cpu_alloc_delta"), 60 * kMB);
-  EXPECT_GE(train.at("train_mem_cpu_peaked_delta"), 120 * kMB);
-  EXPECT_LT(train.at("train_mem_cpu_peaked_delta"), 200 * kMB);
+  // The sizes, where malloc gives freed memory back (ASan keeps it in quarantine).
+  const bool sizes = !mixprec::testing::kAddressSanitizer;
+  if (sizes) {
+    EXPECT_GE(train.at("train_mem_cpu_alloc_delta"), 60 * kMB);
+    EXPECT_GE(train.at("train_mem_cpu_peaked_delta"), 120 * kMB);
+    EXPECT_LT(train.at("train_mem_cpu_peaked_delta"), 200 * kMB);
+  }
   for (const char* key : {"init_mem_cpu_alloc_delta", "init_mem_cpu_peaked_delta"})
     EXPECT_TRUE(train.count(key)) << key;
   EXPECT_GT(train.at("before_init_mem_cpu"), 0);
   EXPECT_TRUE(trainer.state().log_history.back().count("train_mem_cpu_alloc_delta"));
 
+  // Freed memory the heap keeps for reuse is neither allocated nor a peak of the next stage.
+  { const at::Tensor freed = at::ones({48 << 20}); }  // 192 MB
   const Metrics eval = trainer.evaluate();
   EXPECT_TRUE(eval.count("eval_mem_cpu_alloc_delta") && eval.count("eval_mem_cpu_peaked_delta"));
+  if (sizes) {
+    EXPECT_LT(eval.at("eval_mem_cpu_peaked_delta"), 64 * kMB);
+    EXPECT_LT(std::abs(eval.at("eval_mem_cpu_alloc_delta")), 64 * kMB);
+  }
   EXPECT_FALSE(eval.count("init_mem_cpu_alloc_delta"));
   EXPECT_FALSE(trainer.state().log_history.back().count("eval_mem_cpu_alloc_delta"));
   EXPECT_TRUE(trainer.predict(eval_).metrics.count("test_mem_cpu_peaked_delta"));

@@ -134,7 +134,8 @@ struct TrainingArguments {
   /// Without it, train(), evaluate() and predict() add the process's resident memory that each
   /// left allocated and the peak above that to their metrics (train_mem_cpu_alloc_delta,
   /// train_mem_cpu_peaked_delta, ... in bytes; the first also init's, for the constructor).
-  /// CPU memory only: CUDA's is not reported.
+  /// CPU memory only: CUDA's is not reported. The peak is the kernel's high-water mark, reset when
+  /// each of them starts, which also resets the process's peak that getrusage reports.
   bool skip_memory_metrics = true;
   /// mixprec's own: inspect gradient and activation numerics (fp16 underflow
   /// and overflow, exponent ranges) at step 1 and every N steps, log them to
