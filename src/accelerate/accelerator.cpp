@@ -329,6 +329,11 @@ void Accelerator::write_training_state(io::CheckpointWriter& writer,
                                             .dump(1));
 }
 
+// save_state(models_only) writes no accelerator.json; every other save does.
+bool Accelerator::holds_models_only(const std::filesystem::path& dir) {
+  return !std::filesystem::exists(dir / "accelerator.json");
+}
+
 void Accelerator::load_state(const std::optional<std::string>& dir_name, bool models_only) {
   using nlohmann::json;
   std::filesystem::path dir;
@@ -355,9 +360,8 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name, bool mo
       TORCH_CHECK(false, file.string(), ": malformed JSON: ", e.what());
     }
   };
-  // Before any model changes: save_state(models_only) wrote no accelerator.json.
-  TORCH_CHECK(models_only || std::filesystem::exists(dir / "accelerator.json"),
-              "Accelerator::load_state: ", dir.string(),
+  // Before any model changes.
+  TORCH_CHECK(models_only || !holds_models_only(dir), "Accelerator::load_state: ", dir.string(),
               " holds the models only (saved with models_only, the Trainer's save_only_model); "
               "load_state(dir, /*models_only=*/true) loads them");
   for (size_t i = 0; i < shared_->models.size(); ++i) {

@@ -572,7 +572,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   if (resume_from_checkpoint) {
     const fs::path dir = *resume_from_checkpoint;
     // save_only_model's checkpoints have the model and the Trainer's files only.
-    const bool model_only = !fs::exists(dir / "accelerator.json");
+    const bool model_only = accelerate::Accelerator::holds_models_only(dir);
     acc.load_state(dir.string(), model_only);
     const auto file = dir / "trainer_state.json";
     state_ = TrainerState::from_json(io::read_file(file), file.string());

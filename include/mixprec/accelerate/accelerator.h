@@ -522,6 +522,8 @@ class Accelerator {
   /// newest undamaged checkpoint_N, and the next save is N+1 (beyond the newest folder).
   /// `models_only` loads the prepared models alone (what save_state(models_only) wrote).
   void load_state(const std::optional<std::string>& dir = std::nullopt, bool models_only = false);
+  /// Whether `dir` is what save_state(models_only) wrote: the models and extra files alone.
+  static bool holds_models_only(const std::filesystem::path& dir);
   /// Automatic checkpoint naming's settings; its iteration may be set.
   ProjectConfiguration& project_configuration() { return shared_->options.project_config; }
   /// The number of the next automatically named checkpoint (Accelerate's save_iteration).
