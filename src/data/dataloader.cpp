@@ -78,6 +78,25 @@ std::vector<size_t> batch_shard(const std::vector<size_t>& order, size_t batch_s
   return indices;
 }
 
+// get_length_grouped_indices on the permutation `order`.
+std::vector<size_t> group_by_length(std::vector<size_t> order, const std::vector<int64_t>& lengths,
+                                    size_t batch_size, std::optional<size_t> mega_batch_mult) {
+  const size_t n = order.size();
+  if (n == 0) return order;
+  const size_t mult =
+      std::max<size_t>(mega_batch_mult.value_or(std::min<size_t>(n / (batch_size * 4), 50)), 1);
+  const size_t megabatch = mult * batch_size;
+  size_t longest = 0;  // the start of the first megabatch holding the longest sample
+  for (size_t start = 0; start < n; start += megabatch) {
+    const auto first = order.begin() + static_cast<std::ptrdiff_t>(start);
+    std::stable_sort(first, first + static_cast<std::ptrdiff_t>(std::min(megabatch, n - start)),
+                     [&](size_t a, size_t b) { return lengths[a] > lengths[b]; });
+    if (lengths[order[start]] > lengths[order[longest]]) longest = start;
+  }
+  std::swap(order[0], order[longest]);
+  return order;
+}
+
 // torch's RandomSampler, and what Python's DataLoader draws when a pass starts.
 uint64_t draw_from_default_generator() {
   return static_cast<uint64_t>(at::empty({}, at::kLong).random_().item<int64_t>());
@@ -106,6 +125,17 @@ std::vector<size_t> batch_sampler_shard_indices(size_t dataset_size, size_t batc
   TORCH_CHECK(batch_size > 0, "Invalid batch_size ", batch_size, " (expected > 0)");
   return batch_shard(epoch_order(dataset_size, shuffle, seed, epoch), batch_size, num_replicas,
                      rank, drop_last);
+}
+
+std::vector<size_t> get_length_grouped_indices(const std::vector<int64_t>& lengths,
+                                               size_t batch_size,
+                                               std::optional<size_t> mega_batch_mult,
+                                               std::optional<at::Generator> generator) {
+  TORCH_CHECK(batch_size > 0, "get_length_grouped_indices: invalid batch_size 0 (expected > 0)");
+  TORCH_CHECK(mega_batch_mult.value_or(1) > 0,
+              "get_length_grouped_indices: invalid mega_batch_mult 0 (expected > 0)");
+  at::Generator g = generator ? *generator : at::detail::getDefaultCPUGenerator();
+  return group_by_length(random_order(lengths.size(), g), lengths, batch_size, mega_batch_mult);
 }
 
 // One pass over an epoch: the rank's indices, and the workers reading ahead.
@@ -243,6 +273,13 @@ DataLoader::DataLoader(DatasetPtr dataset, DataLoaderOptions options, CollateFn 
   TORCH_CHECK(!options_.generator || options_.shuffle_order == ShuffleOrder::kRandomSampler,
               "DataLoader: a generator is for shuffle_order = ShuffleOrder::kRandomSampler; "
               "kSeedPlusEpoch shuffles by its seed");
+  if (const auto& grouping = options_.group_by_length) {
+    TORCH_CHECK(options_.shuffle,
+                "DataLoader: group_by_length groups a shuffled order; set shuffle = true");
+    TORCH_CHECK(grouping->lengths.size() == dataset_->size(), "DataLoader: group_by_length has ",
+                grouping->lengths.size(), " lengths for a dataset of ", dataset_->size(),
+                " samples");
+  }
   TORCH_CHECK(options_.shuffle_order != ShuffleOrder::kRandomSampler ||
                   options_.num_replicas == 1 || options_.sharding == Sharding::kBatchSamplerShard,
               "DataLoader: ShuffleOrder::kRandomSampler with several replicas needs "
@@ -307,17 +344,17 @@ void DataLoader::set_epoch(int64_t epoch) {
 
 std::vector<size_t> DataLoader::indices() const {
   const auto& o = options_;
-  if (random_sampler()) {
-    return o.sharding == Sharding::kBatchSamplerShard
-               ? batch_shard(pass_order_, o.batch_size, o.num_replicas, o.rank, o.drop_last)
-               : distributed_share(pass_order_, o.num_replicas, o.rank, o.drop_last);
-  }
-  const uint64_t seed = o.seed.value_or(0);
-  if (o.sharding == Sharding::kBatchSamplerShard)
-    return batch_sampler_shard_indices(dataset_->size(), o.batch_size, o.num_replicas, o.rank,
-                                       o.shuffle, seed, epoch_, o.drop_last);
-  return distributed_sampler_indices(dataset_->size(), o.num_replicas, o.rank, o.shuffle, seed,
-                                     epoch_, o.drop_last);
+  std::vector<size_t> order =
+      random_sampler() ? pass_order_
+                       : epoch_order(dataset_->size(), o.shuffle, o.seed.value_or(0), epoch_);
+  if (o.group_by_length)
+    order = group_by_length(
+        std::move(order), o.group_by_length->lengths,
+        o.group_by_length->batch_size > 0 ? o.group_by_length->batch_size : o.batch_size,
+        std::nullopt);
+  return o.sharding == Sharding::kBatchSamplerShard
+             ? batch_shard(order, o.batch_size, o.num_replicas, o.rank, o.drop_last)
+             : distributed_share(order, o.num_replicas, o.rank, o.drop_last);
 }
 
 bool DataLoader::shards_batches() const {

@@ -110,6 +110,36 @@ std::vector<std::string> keys_of(const data::Batch& batch) {
   return keys;
 }
 
+// train_sampling_strategy "group_by_length": HF's LengthGroupedSampler of `batch_size`, its
+// order drawn from data_seed (or seed) + the epoch. A sample's length is its
+// length_column_name value, else the size of its main input (HF: len(feature[model_input_name])).
+void group_by_length(data::DataLoaderOptions& options, const TrainingArguments& args,
+                     const data::Dataset& dataset, const std::string& main_input_name,
+                     int64_t batch_size) {
+  std::vector<int64_t> lengths(dataset.size());
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    const data::Example example = dataset.get(i);
+    if (auto length = example.find(args.length_column_name); length != example.end()) {
+      TORCH_CHECK(length->second.numel() == 1, "Trainer: sample ", i, "'s '",
+                  args.length_column_name, "' (length_column_name) holds ", length->second.numel(),
+                  " values; expected one length");
+      lengths[i] = length->second.item<int64_t>();
+      continue;
+    }
+    const auto input = example.find(main_input_name);
+    TORCH_CHECK(input != example.end() && input->second.dim() > 0,
+                "Trainer: train_sampling_strategy \"group_by_length\" needs each sample's '",
+                args.length_column_name, "' (length_column_name) or a sequence '", main_input_name,
+                "' (the model's main input); sample ", i, " has keys ",
+                c10::Join(", ", keys_of(example)));
+    lengths[i] = input->second.size(0);
+  }
+  options.shuffle = true;
+  options.seed = static_cast<uint64_t>(args.data_seed.value_or(args.seed));
+  options.group_by_length =
+      data::LengthGrouping{std::move(lengths), static_cast<size_t>(batch_size)};
+}
+
 // Concatenates along dim 0, padding the other dims with -100 where they
 // differ (HF's nested_concat with padding_index -100).
 at::Tensor concat_padded(const std::vector<at::Tensor>& parts) {
@@ -493,6 +523,13 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   auto loader_options = loader_options_of(args_, acc, args_.per_device_train_batch_size);
   loader_options.shuffle = args_.train_sampling_strategy == "random";
   loader_options.seed = static_cast<uint64_t>(args_.data_seed.value_or(args_.seed));
+  // As HF's: a megabatch is a multiple of the accumulation window's samples. (HF's
+  // LengthGroupedSampler draws its order from torch's generator; mixprec's from the seed and
+  // the epoch, as Accelerate's seedable sampler does the "random" order, so that a resumed
+  // epoch goes on in the same order.)
+  if (args_.train_sampling_strategy == "group_by_length")
+    group_by_length(loader_options, args_, *impl.train_dataset, impl.main_input_name,
+                    args_.per_device_train_batch_size * args_.gradient_accumulation_steps);
   data::DataLoader loader(impl.train_dataset, loader_options, impl.collate);
   const int64_t batches_per_epoch = static_cast<int64_t>(loader.size());
   TORCH_CHECK(batches_per_epoch > 0, "Trainer: the train dataset gives no batch of ",
@@ -1073,9 +1110,13 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   const int64_t token_processes = token_processes_of(args_, acc);
   // Kept for the callbacks' kwargs() until the next evaluation, as HF's callback handler keeps
   // it; held here too, for a callback that evaluates again from inside this loop.
-  const auto loader_ptr = std::make_shared<data::DataLoader>(
-      std::move(dataset), loader_options_of(args_, acc, args_.per_device_eval_batch_size),
-      impl.collate);
+  auto loader_options = loader_options_of(args_, acc, args_.per_device_eval_batch_size);
+  // As HF's eval sampler with "group_by_length": every evaluation in the order of one seed.
+  if (args_.train_sampling_strategy == "group_by_length")
+    group_by_length(loader_options, args_, *dataset, impl.main_input_name,
+                    args_.per_device_eval_batch_size);
+  const auto loader_ptr =
+      std::make_shared<data::DataLoader>(std::move(dataset), loader_options, impl.collate);
   data::DataLoader& loader = *loader_ptr;
   impl.eval_loader = loader_ptr;
   impl.kwargs.eval_dataloader = loader_ptr.get();

@@ -83,6 +83,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("full_determinism", a.full_determinism),
       argument("data_seed", a.data_seed),
       argument("train_sampling_strategy", a.train_sampling_strategy),
+      argument("length_column_name", a.length_column_name),
       argument("dataloader_num_workers", a.dataloader_num_workers),
       argument("dataloader_drop_last", a.dataloader_drop_last),
       argument("average_tokens_across_devices", a.average_tokens_across_devices),
@@ -151,10 +152,10 @@ void TrainingArguments::validate() {
       trackers.push_back(r);
   }
   report_to = trackers;
-  TORCH_CHECK(!one_of(train_sampling_strategy, {"group_by_length", "batch_rebalance"}),
-              "TrainingArguments: train_sampling_strategy '", train_sampling_strategy,
-              "' is not supported by mixprec; use \"random\" or \"sequential\"");
-  TORCH_CHECK(one_of(train_sampling_strategy, {"random", "sequential"}),
+  TORCH_CHECK(train_sampling_strategy != "batch_rebalance",
+              "TrainingArguments: train_sampling_strategy 'batch_rebalance' is not supported by "
+              "mixprec; use \"random\", \"sequential\" or \"group_by_length\"");
+  TORCH_CHECK(one_of(train_sampling_strategy, {"random", "sequential", "group_by_length"}),
               "TrainingArguments: train_sampling_strategy '", train_sampling_strategy,
               "' is not one of \"random\", \"sequential\", \"group_by_length\", "
               "\"batch_rebalance\"");

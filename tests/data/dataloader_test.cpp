@@ -91,6 +91,63 @@ TEST(DataLoader, BatchSamplerShardEqualsAcceleratesPreparedLoader) {
   }
 }
 
+TEST(DataLoader, LengthGroupedIndicesEqualTransformers) {
+  ASSERT_FALSE(reference()["length_grouped_indices"].empty());
+  for (const auto& c : reference()["length_grouped_indices"]) {
+    SCOPED_TRACE(c.dump().substr(0, 120));
+    const auto lengths = c["lengths"].get<std::vector<int64_t>>();
+    const std::optional<size_t> mult =
+        c["mega_batch_mult"].is_null() ? std::nullopt
+                                       : std::optional<size_t>(c["mega_batch_mult"].get<size_t>());
+    EXPECT_EQ(get_length_grouped_indices(
+                  lengths, c["batch_size"], mult,
+                  at::make_generator<at::CPUGeneratorImpl>(c["seed"].get<uint64_t>())),
+              c["indices"].get<std::vector<size_t>>());
+  }
+  // Without a generator, torch's default one: the same after the same manual_seed.
+  const std::vector<int64_t> lengths{5, 1, 4, 2, 3, 9, 9, 1};
+  torch::manual_seed(3);
+  const auto first = get_length_grouped_indices(lengths, 2);
+  torch::manual_seed(3);
+  EXPECT_EQ(get_length_grouped_indices(lengths, 2), first);
+  EXPECT_EQ(lengths[first[0]], 9);  // the longest first
+  EXPECT_TRUE(get_length_grouped_indices({}, 4).empty());
+  EXPECT_TRUE(has(error_of([&] { get_length_grouped_indices(lengths, 0); }),
+                  "get_length_grouped_indices: invalid batch_size 0 (expected > 0)"));
+}
+
+// group_by_length: transformers' LengthGroupedSampler (its generator seeded with seed + epoch)
+// in a loader prepared by Accelerate, on one rank or several; a pass resumed mid-way yields
+// the rest of the same order.
+TEST(DataLoader, GroupByLengthEqualsLengthGroupedSamplerThroughAccelerate) {
+  ASSERT_FALSE(reference()["length_grouped_loader"].empty());
+  for (const auto& c : reference()["length_grouped_loader"]) {
+    const auto num_replicas = c["num_replicas"].get<size_t>();
+    const auto lengths = c["lengths"].get<std::vector<int64_t>>();
+    for (size_t rank = 0; rank < num_replicas; ++rank) {
+      SCOPED_TRACE(c.dump().substr(0, 200) + " rank " + std::to_string(rank));
+      const DataLoaderOptions options{
+          .batch_size = c["batch_size"],
+          .shuffle = true,
+          .seed = c["seed"].get<uint64_t>(),
+          .drop_last = c["drop_last"],
+          .num_replicas = num_replicas,
+          .rank = rank,
+          .sharding = Sharding::kBatchSamplerShard,
+          .group_by_length = LengthGrouping{lengths, c["group_batch_size"].get<size_t>()}};
+      DataLoader loader(range_dataset(static_cast<int64_t>(lengths.size())), options);
+      loader.set_epoch(c["epoch"]);
+      const auto expected = c["batches_per_rank"][rank].get<std::vector<std::vector<int64_t>>>();
+      EXPECT_EQ(loader.size(), expected.size());
+      EXPECT_EQ(pass(loader), expected);
+
+      DataLoader resumed(range_dataset(static_cast<int64_t>(lengths.size())), options);
+      resumed.load_state({c["epoch"].get<int64_t>(), 2});
+      EXPECT_EQ(pass(resumed), decltype(expected)(expected.begin() + 2, expected.end()));
+    }
+  }
+}
+
 // ShuffleOrder::kRandomSampler: each rank as Accelerate's default prepared loader in its own
 // process: a new order each pass (from torch's generator with one process; from a generator
 // seeded at prepare with several), and torch's generator drawn as Python's DataLoader draws it.
@@ -399,6 +456,15 @@ TEST(DataLoader, BadOptionsAreAClearError) {
   EXPECT_TRUE(has(error_of([] { DataLoader(range_dataset(4), {.num_replicas = 2, .rank = 2}); }),
                   "DataLoader: invalid rank 2, rank should be in the interval [0, 1]"));
   EXPECT_TRUE(has(error_of([] { DataLoader(nullptr); }), "DataLoader: no dataset given"));
+  EXPECT_TRUE(has(error_of([] {
+                    DataLoader(range_dataset(4), {.group_by_length = LengthGrouping{{1, 2, 3, 4}}});
+                  }),
+                  "DataLoader: group_by_length groups a shuffled order; set shuffle = true"));
+  EXPECT_TRUE(has(error_of([] {
+                    DataLoader(range_dataset(4),
+                               {.shuffle = true, .group_by_length = LengthGrouping{{1, 2, 3}}});
+                  }),
+                  "DataLoader: group_by_length has 3 lengths for a dataset of 4 samples"));
 }
 
 }  // namespace

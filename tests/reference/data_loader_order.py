@@ -2,7 +2,9 @@
 """Reference batch orders of torch.utils.data.DataLoader with a DistributedSampler, of
 HF Accelerate's prepared data loaders (BatchSamplerShard; with its default RandomSampler over
 several passes, and what torch's generator draws between them), and the indices of
-torch.utils.data.random_split, for tests/data/dataloader_test.cpp.
+torch.utils.data.random_split, and transformers' LengthGroupedSampler orders (the HF Trainer's
+train_sampling_strategy "group_by_length") with a generator seeded by seed + epoch, alone and
+through Accelerate's prepared loaders, for tests/data/dataloader_test.cpp.
 
 Each case is one rank of one epoch: the indices of every batch, in order. The
 dataset is range(n), so a batch's values are its sample indices.
@@ -18,8 +20,10 @@ import warnings
 
 import accelerate
 import torch
+import transformers
 from accelerate.data_loader import prepare_data_loader
 from torch.utils.data import DataLoader, DistributedSampler, random_split
+from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 
 LOADER_CASES = [
     # n, batch_size, shuffle, seed, epoch, drop_last, num_replicas
@@ -75,6 +79,28 @@ RANDOM_SAMPLER_CASES = [
     (16, 2, True, False, 2, False, 10, 2),  # workers read ahead
     (26, 2, True, False, 2, False, 11, 1),
     (14, 3, True, False, 1, False, 12, 1),
+]
+
+LENGTH_GROUPED_CASES = [
+    # n, max length, batch_size (the sampler's), seed, mega_batch_mult (None: HF's default)
+    (1, 5, 1, 0, None),
+    (10, 4, 2, 1, None),  # many equal lengths: ties keep the permutation's order
+    (10, 20, 3, 2, 2),
+    (37, 30, 4, 3, None),  # a short last megabatch
+    (200, 50, 2, 4, None),  # 25 megabatches of 8
+    (1700, 100, 2, 5, None),  # the multiplier's cap of 50
+    (64, 16, 4, 6, 1),
+]
+
+LENGTH_GROUPED_LOADER_CASES = [
+    # n, max length, batch_size (per process), group batch size (the sampler's), seed, epoch,
+    # drop_last, num_processes
+    (30, 12, 2, 4, 42, 0, False, 1),
+    (30, 12, 2, 4, 42, 3, False, 1),
+    (31, 20, 3, 6, 7, 1, True, 1),
+    (45, 25, 4, 8, 1, 2, False, 2),
+    (45, 25, 4, 8, 1, 2, True, 2),
+    (50, 9, 3, 3, 9, 0, False, 3),
 ]
 
 SPLIT_CASES = [
@@ -150,6 +176,35 @@ def random_sampler_case(n, batch_size, shuffle, drop_last, num_processes, split,
             "num_workers": num_workers, "ranks": ranks}
 
 
+def lengths_of(n, max_length, seed):
+    return torch.randint(1, max_length + 1, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+def length_grouped_case(n, max_length, batch_size, seed, mega_batch_mult):
+    lengths = lengths_of(n, max_length, seed).tolist()
+    indices = get_length_grouped_indices(lengths, batch_size, mega_batch_mult,
+                                         generator=torch.Generator().manual_seed(seed))
+    return {"lengths": lengths, "batch_size": batch_size, "seed": seed,
+            "mega_batch_mult": mega_batch_mult, "indices": indices}
+
+
+def length_grouped_loader_case(n, max_length, batch_size, group_batch_size, seed, epoch,
+                               drop_last, num_processes):
+    lengths = lengths_of(n, max_length, seed + 100).tolist()
+    ranks = []
+    for rank in range(num_processes):
+        sampler = LengthGroupedSampler(group_batch_size, lengths=lengths,
+                                       generator=torch.Generator().manual_seed(seed + epoch))
+        loader = DataLoader(list(range(n)), batch_size=batch_size, sampler=sampler,
+                            drop_last=drop_last)
+        prepared = prepare_data_loader(loader, num_processes=num_processes, process_index=rank,
+                                       put_on_device=False, use_seedable_sampler=True)
+        ranks.append([batch.tolist() for batch in prepared])
+    return {"lengths": lengths, "batch_size": batch_size, "group_batch_size": group_batch_size,
+            "seed": seed, "epoch": epoch, "drop_last": drop_last, "num_replicas": num_processes,
+            "batches_per_rank": ranks}
+
+
 def split_case(n, lengths, seed):
     parts = random_split(list(range(n)), lengths, generator=torch.Generator().manual_seed(seed))
     return {"n": n, "lengths": lengths, "seed": seed, "indices": [list(p.indices) for p in parts]}
@@ -163,7 +218,11 @@ def main():
            "loader": [loader_case(*c) for c in LOADER_CASES],
            "accelerate_loader": [accelerate_case(*c) for c in ACCELERATE_CASES],
            "accelerate_random_sampler": [random_sampler_case(*c) for c in RANDOM_SAMPLER_CASES],
-           "random_split": [split_case(*c) for c in SPLIT_CASES]}
+           "random_split": [split_case(*c) for c in SPLIT_CASES],
+           "transformers": transformers.__version__,
+           "length_grouped_indices": [length_grouped_case(*c) for c in LENGTH_GROUPED_CASES],
+           "length_grouped_loader": [length_grouped_loader_case(*c)
+                                     for c in LENGTH_GROUPED_LOADER_CASES]}
     text = json.dumps(out, indent=1, sort_keys=True) + "\n"
     if not args.check:
         sys.stdout.write(text)

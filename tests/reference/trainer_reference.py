@@ -14,6 +14,10 @@ with num_items_in_batch (the eval set is the train set here), the tokens seen
 (include_num_input_tokens_seen) and total_flos. "gpt2_label_smoothing": the same with
 label_smoothing_factor 0.1, which HF's LabelSmoother applies to the logits with the labels
 shifted (GPT2LMHeadModel is a causal LM) over the window's num_items_in_batch.
+"gpt2_group_by_length": 32 sequences of 2 to 16 tokens, padded per batch (labels with -100),
+with train_sampling_strategy "group_by_length": HF's LengthGroupedSampler, whose training order
+is drawn here from a generator seeded with seed + epoch, as mixprec draws it (HF's draws from
+torch's global generator); the evaluation's order is HF's own (seeded with seed).
 
 The HF Trainer draws the training order from Accelerate's SeedableRandomSampler
 (randperm seeded with seed + epoch), which is the order of mixprec's loader, so
@@ -33,6 +37,7 @@ import numpy as np
 import torch
 import transformers
 from transformers import Trainer, TrainingArguments
+from transformers.trainer_pt_utils import LengthGroupedSampler
 
 from common import emit_or_check
 
@@ -187,7 +192,38 @@ def without_key_bias(item):
     return name, value
 
 
-def run_gpt2(label_smoothing_factor=0.0):
+class SeededLengthGroupedSampler(LengthGroupedSampler):
+    """mixprec's "group_by_length" order: HF's sampler with a generator seeded by seed + epoch."""
+
+    def __init__(self, batch_size, lengths, seed):
+        super().__init__(batch_size, lengths=lengths)
+        self.seed, self.epoch = seed, 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        self.generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        return super().__iter__()
+
+
+class SeededTrainer(Trainer):
+    def _get_train_sampler(self, train_dataset=None):
+        sampler = super()._get_train_sampler(train_dataset)
+        if not isinstance(sampler, LengthGroupedSampler):
+            return sampler
+        return SeededLengthGroupedSampler(sampler.batch_size, sampler.lengths, self.args.seed)
+
+
+def pad_batch(examples):
+    """mixprec's collate(): sequences padded on the right, input_ids with 0, labels with -100."""
+    def pad(key, value):
+        return torch.nn.utils.rnn.pad_sequence([e[key] for e in examples], batch_first=True,
+                                               padding_value=value)
+    return {"input_ids": pad("input_ids", 0), "labels": pad("labels", -100)}
+
+
+def run_gpt2(label_smoothing_factor=0.0, group_by_length=False):
     from transformers import GPT2LMHeadModel
     tiny = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "gpt2_tiny")
     model = GPT2LMHeadModel.from_pretrained(tiny, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
@@ -196,10 +232,13 @@ def run_gpt2(label_smoothing_factor=0.0):
     # its losses come out lower by up to (T - 1) / T. mixprec counts as for every causal LM.
     model.loss_type = "ForCausalLM"
     g = torch.Generator().manual_seed(3)
-    n, t = 10, 16
+    n, t = (32 if group_by_length else 10), 16
     input_ids = torch.randint(0, model.config.vocab_size, (n, t), generator=g)
     lengths = torch.randint(2, t + 1, (n,), generator=g)
     labels = input_ids.masked_fill(torch.arange(t) >= lengths[:, None], -100)
+    if group_by_length:  # sequences of their own length, padded per batch
+        input_ids = [ids[:length] for ids, length in zip(input_ids, lengths)]
+        labels = input_ids
 
     class Sequences(torch.utils.data.Dataset):
         def __len__(self):
@@ -212,19 +251,22 @@ def run_gpt2(label_smoothing_factor=0.0):
         args = TrainingArguments(
             output_dir=out, use_cpu=True, seed=42, per_device_train_batch_size=2,
             gradient_accumulation_steps=2, per_device_eval_batch_size=4, num_train_epochs=2,
-            learning_rate=1e-2,
+            # 16 steps of Adam at 1e-2 turn rounding into 1e-3 differences; 1e-3 keeps them small.
+            learning_rate=1e-3 if group_by_length else 1e-2,
             weight_decay=0.0, lr_scheduler_type="constant", logging_strategy="steps",
             logging_steps=1, eval_strategy="no", save_strategy="no", report_to="none",
             include_num_input_tokens_seen=True, disable_tqdm=True,
-            label_smoothing_factor=label_smoothing_factor)
-        trainer = Trainer(model=model, args=args, train_dataset=Sequences())
+            label_smoothing_factor=label_smoothing_factor,
+            train_sampling_strategy="group_by_length" if group_by_length else "random")
+        trainer = SeededTrainer(model=model, args=args, train_dataset=Sequences(),
+                                data_collator=pad_batch if group_by_length else None)
         assert trainer.model_accepts_loss_kwargs and trainer._loss_shifts_labels
         with contextlib.redirect_stdout(sys.stderr):
             result = trainer.train()
             eval_loss = trainer.evaluate(Sequences())["eval_loss"]
     keep = ("epoch", "loss", "grad_norm", "num_input_tokens_seen")
     return {
-        "input_ids": input_ids.tolist(), "labels": labels.tolist(),
+        "input_ids": [ids.tolist() for ids in input_ids], "labels": [l.tolist() for l in labels],
         "log_history": [{k: float(v) for k, v in entry.items() if k in keep}
                         for entry in trainer.state.log_history if "loss" in entry],
         "train_loss": result.training_loss,
@@ -255,6 +297,7 @@ def compute():
         "cases": {c["name"]: run(c, x, y, init) for c in CASES},
         "gpt2": run_gpt2(),
         "gpt2_label_smoothing": run_gpt2(label_smoothing_factor=0.1),
+        "gpt2_group_by_length": run_gpt2(group_by_length=True),
     }
 
 

@@ -25,6 +25,18 @@ using json = nlohmann::json;
 
 at::Tensor tensor_of(const json& values) { return torch::tensor(values.get<std::vector<float>>()); }
 
+// Samples held in a list, as a Python dataset of dicts.
+class ExampleList : public mixprec::data::Dataset {
+ public:
+  explicit ExampleList(std::vector<mixprec::data::Example> examples)
+      : examples_(std::move(examples)) {}
+  size_t size() const override { return examples_.size(); }
+  mixprec::data::Example get(size_t index) const override { return examples_.at(index); }
+
+ private:
+  std::vector<mixprec::data::Example> examples_;
+};
+
 struct Tolerance {
   double rtol;           // on losses, learning rate, grad norm and parameters
   double accuracy_diff;  // on eval_accuracy, absolute
@@ -318,8 +330,10 @@ TEST(TrainerReference, SaveOnlyModelCheckpointsHoldWhatTransformersTrainersDo) {
 // The tiny GPT-2 on sequences padded with -100 labels, in accumulation windows of 2, 2 and 1
 // batches (trainer_reference.py's "gpt2"): as HF's for a causal LM, the loss of a window is the
 // sum over its label tokens divided by their number (num_items_in_batch), not the mean of its
-// batches' means. `key` "gpt2_label_smoothing": the same through HF's LabelSmoother.
-void compare_gpt2_with_hf(const std::string& key, double label_smoothing_factor) {
+// batches' means. `key` "gpt2_label_smoothing": the same through HF's LabelSmoother;
+// "gpt2_group_by_length": sequences of their own lengths, in batches grouped by length.
+void compare_gpt2_with_hf(const std::string& key, double label_smoothing_factor,
+                          bool group_by_length = false) {
   const json hf = mixprec::testing::load_reference("trainer_reference.json").at(key);
   const fs::path tiny = fs::path(MIXPREC_REFERENCE_DIR) / "gpt2_tiny";
   auto config = mixprec::models::GPT2Config::from_json_file(tiny / "config.json");
@@ -331,15 +345,14 @@ void compare_gpt2_with_hf(const std::string& key, double label_smoothing_factor)
     const auto weights = pretrained->named_parameters();
     for (auto& param : model->named_parameters()) param.value().copy_(weights[param.key()]);
   }
-  auto ids = [&](const char* key) {
-    std::vector<int64_t> flat;
-    for (const auto& row : hf.at(key))
-      for (int64_t v : row) flat.push_back(v);
-    return torch::tensor(flat).reshape({static_cast<int64_t>(hf.at(key).size()), -1});
-  };
-  const auto data =
-      std::make_shared<mixprec::data::TensorDataset>(std::map<std::string, at::Tensor>{
-          {"input_ids", ids("input_ids")}, {"labels", ids("labels")}});
+  // Sample i: {"input_ids": (T_i), "labels": (T_i)}, padded per batch by collate() (as HF's run
+  // pads them) where their lengths differ.
+  std::vector<mixprec::data::Example> examples;
+  for (size_t i = 0; i < hf.at("input_ids").size(); ++i)
+    examples.push_back(
+        {{"input_ids", torch::tensor(hf.at("input_ids")[i].get<std::vector<int64_t>>())},
+         {"labels", torch::tensor(hf.at("labels")[i].get<std::vector<int64_t>>())}});
+  const auto data = std::make_shared<ExampleList>(std::move(examples));
 
   torch::set_num_threads(1);
   const auto out = fs::temp_directory_path() / ("mixprec_hf_gpt2_" + std::to_string(getpid()));
@@ -350,7 +363,7 @@ void compare_gpt2_with_hf(const std::string& key, double label_smoothing_factor)
   args.gradient_accumulation_steps = 2;
   args.per_device_eval_batch_size = 4;
   args.num_train_epochs = 2;
-  args.learning_rate = 1e-2;
+  args.learning_rate = group_by_length ? 1e-3 : 1e-2;  // as the reference's
   args.lr_scheduler_type = "constant";
   args.logging_strategy = "steps";
   args.logging_steps = 1;
@@ -359,6 +372,7 @@ void compare_gpt2_with_hf(const std::string& key, double label_smoothing_factor)
   args.include_num_input_tokens_seen = "all";
   args.disable_tqdm = true;
   args.label_smoothing_factor = label_smoothing_factor;
+  if (group_by_length) args.train_sampling_strategy = "group_by_length";
   mixprec::Trainer trainer(model, args, data);
   const auto result = trainer.train();
   const double eval_loss = trainer.evaluate(data).at("eval_loss");
@@ -385,7 +399,8 @@ void compare_gpt2_with_hf(const std::string& key, double label_smoothing_factor)
     EXPECT_EQ(ours->at("num_input_tokens_seen"), hf_entry.at("num_input_tokens_seen"));
     EXPECT_TRUE(ours->count("train_tokens_per_second"));
   }
-  EXPECT_EQ(compared, 2 * 6u);  // 3 updates an epoch
+  EXPECT_EQ(compared, 2 * hf.at("log_history").size());
+  EXPECT_EQ(hf.at("log_history").size(), static_cast<size_t>(result.global_step));
   for (const auto& param : model->named_parameters()) {
     const auto& sums = hf.at("param_sums").at(param.key());
     auto value = param.value().detach().to(at::kDouble);
@@ -408,6 +423,14 @@ TEST(TrainerReference, Gpt2AccumulationWeighsEveryTokenAsTransformersTrainer) {
 
 TEST(TrainerReference, Gpt2LabelSmoothingShiftsLabelsAsTransformersTrainer) {
   compare_gpt2_with_hf("gpt2_label_smoothing", 0.1);
+}
+
+// HF's LengthGroupedSampler: megabatches of the accumulation window's samples sorted by length,
+// the longest first; the tokens seen count the padded batches, so they match only if every
+// batch holds the same sequences as HF's. The evaluation is grouped too, in the order of the
+// seed.
+TEST(TrainerReference, Gpt2GroupByLengthBatchesAsTransformersTrainer) {
+  compare_gpt2_with_hf("gpt2_group_by_length", 0, /*group_by_length=*/true);
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 
 #include "test_util.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -1166,6 +1167,104 @@ TEST_F(TrainerTest, FullEvalRunsTheModelIn16Bits) {
   Trainer(model.ptr(), forward, a, train_, eval_, accuracy, {}, with_targets).evaluate();
   EXPECT_EQ(seen, (std::set<std::pair<std::string, at::ScalarType>>{
                       {"x", at::kBFloat16}, {"labels", at::kLong}, {"targets", at::kFloat}}));
+}
+
+// train_sampling_strategy "group_by_length": each epoch's batches in the order of
+// get_length_grouped_indices over randperm(seed + epoch), in megabatches of the accumulation
+// window's samples; each evaluation in that of the seed, by eval batches. A resumed epoch goes on
+// in the same order, so the resumed run ends where the uninterrupted one does.
+TEST_F(TrainerTest, GroupByLengthOrdersBatchesByLengthAndResumes) {
+  const auto [x, labels] = [] {
+    auto task = mixprec::data::make_classification(
+        {.n_samples = 96, .n_features = 6, .n_classes = 3, .class_sep = 2.0, .seed = 2});
+    return std::pair{task.x, task.labels};
+  }();
+  torch::manual_seed(7);
+  const at::Tensor lengths = torch::randint(1, 40, {96});
+  auto dataset = [&](int64_t from, int64_t to) {
+    return std::make_shared<mixprec::data::TensorDataset>(
+        std::map<std::string, at::Tensor>{{"x", x.slice(0, from, to)},
+                                          {"labels", labels.slice(0, from, to)},
+                                          {"length", lengths.slice(0, from, to)},
+                                          {"index", torch::arange(to - from)}});
+  };
+  const auto train = dataset(0, 64), eval = dataset(64, 96);
+  auto lengths_of = [](const at::Tensor& t) {
+    return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
+  };
+  auto a = args("grouped");
+  a.train_sampling_strategy = "group_by_length";
+  a.per_device_train_batch_size = 4;
+  a.gradient_accumulation_steps = 2;  // megabatches of 8 x 2 (64 / (4 x 8) = 2)
+  a.per_device_eval_batch_size = 8;
+  a.num_train_epochs = 3;
+  a.eval_strategy = "epoch";
+  a.save_strategy = "steps";
+  a.save_steps = 11;  // 8 steps an epoch: checkpoint-11 is in the middle of epoch 1
+  a.seed = 3;
+
+  struct Seen {
+    std::vector<int64_t> train, eval;
+  };
+  auto run = [&](Classifier& model, const TrainingArguments& args, Seen& seen,
+                 std::optional<std::string> resume = std::nullopt) {
+    auto forward = [&](const mixprec::data::Batch& batch) {
+      auto& into = model->is_training() ? seen.train : seen.eval;
+      const auto index = batch.at("index");
+      into.insert(into.end(), index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
+      return model->forward(batch);
+    };
+    Trainer(model.ptr(), forward, args, train, eval, accuracy, {}, {}).train(resume);
+  };
+  torch::manual_seed(0);
+  Classifier whole;
+  Seen seen;
+  run(whole, a, seen);
+
+  std::vector<int64_t> expected_train, expected_eval;
+  for (int64_t epoch = 0; epoch < 3; ++epoch) {
+    const auto order = mixprec::data::get_length_grouped_indices(
+        lengths_of(lengths.slice(0, 0, 64)), 8, std::nullopt,
+        at::make_generator<at::CPUGeneratorImpl>(3 + epoch));
+    expected_train.insert(expected_train.end(), order.begin(), order.end());
+    const auto eval_order = mixprec::data::get_length_grouped_indices(
+        lengths_of(lengths.slice(0, 64, 96)), 8, std::nullopt,
+        at::make_generator<at::CPUGeneratorImpl>(3));
+    expected_eval.insert(expected_eval.end(), eval_order.begin(), eval_order.end());
+  }
+  EXPECT_EQ(seen.train, expected_train);
+  EXPECT_EQ(seen.eval, expected_eval);
+  // The batches do group: each megabatch of 8 in descending length but for the first sample.
+  for (size_t start = 0; start < 64; start += 8)
+    for (size_t i = start + 2; i < start + 8; ++i)
+      EXPECT_GE(lengths[seen.train[i - 1]].item<int64_t>(), lengths[seen.train[i]].item<int64_t>());
+
+  torch::manual_seed(5);
+  Classifier resumed;
+  auto b = a;
+  b.output_dir = (dir_ / "grouped_resumed").string();
+  Seen after;
+  run(resumed, b, after, (fs::path(a.output_dir) / "checkpoint-11").string());
+  // Step 11 is batch 6 of epoch 1 (windows of 2 batches): from there on, the same batches.
+  EXPECT_EQ(after.train,
+            std::vector<int64_t>(expected_train.begin() + 64 + 6 * 4, expected_train.end()));
+  EXPECT_TRUE(torch::equal(flat_params(*resumed), flat_params(*whole)));
+
+  // Lengths from the main input's size without a length key; neither: a clear error.
+  a.output_dir = (dir_ / "no_lengths").string();
+  a.eval_strategy = "no";
+  a.save_strategy = "no";
+  Classifier model;
+  EXPECT_EQ(mixprec::testing::error_of([&] {
+              Trainer(model.ptr(), [&](const auto& batch) { return model->forward(batch); }, a,
+                      train_, nullptr, {}, {}, {})
+                  .train();
+            }),
+            "Trainer: train_sampling_strategy \"group_by_length\" needs each sample's 'length' "
+            "(length_column_name) or a sequence 'input_ids' (the model's main input); sample 0 "
+            "has keys labels, x");
+  Trainer by_main_input(model, a, train_);               // main_input_name "x": every length 6
+  EXPECT_EQ(by_main_input.train().global_step, 3 * 20);  // 160 / 4 / 2 a window
 }
 
 TEST_F(TrainerTest, ClearErrors) {

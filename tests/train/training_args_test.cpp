@@ -284,10 +284,10 @@ TEST(TrainingArguments, ClearErrors) {
             }).find("eval_strategy 'sometimes' is not one of"),
             std::string::npos);
   EXPECT_EQ(error_of([] {
-              TrainingArguments::from_json(R"({"train_sampling_strategy": "group_by_length"})");
+              TrainingArguments::from_json(R"({"train_sampling_strategy": "batch_rebalance"})");
             }),
-            "TrainingArguments: train_sampling_strategy 'group_by_length' is not supported by "
-            "mixprec; use \"random\" or \"sequential\"");
+            "TrainingArguments: train_sampling_strategy 'batch_rebalance' is not supported by "
+            "mixprec; use \"random\", \"sequential\" or \"group_by_length\"");
   EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"include_for_metrics": ["input"]})"); }),
             "TrainingArguments: include_for_metrics 'input' is not one of \"inputs\", \"loss\"");
   EXPECT_NE(error_of([] { TrainingArguments::from_json("{\"fp16\": tru"); }).find("malformed JSON"),

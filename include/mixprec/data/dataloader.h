@@ -43,6 +43,15 @@ enum class ShuffleOrder {
   kRandomSampler,
 };
 
+/// transformers' LengthGroupedSampler on top of a shuffled order (the HF Trainer's
+/// train_sampling_strategy "group_by_length"): see get_length_grouped_indices.
+struct LengthGrouping {
+  std::vector<int64_t> lengths;  // one per sample, e.g. its number of tokens
+  /// The sampler's batch_size (the HF Trainer's per-device batch times
+  /// gradient_accumulation_steps); 0: the loader's.
+  size_t batch_size = 0;
+};
+
 /// Options of `DataLoader`. The defaults are `torch.utils.data.DataLoader`'s
 /// (batch_size 8 as HF's TrainingArguments) with a `DistributedSampler` of
 /// `num_replicas` ranks.
@@ -68,6 +77,9 @@ struct DataLoaderOptions {
   /// torch.Generator. (torch's DataLoader(generator=g) would also draw its base seed from g; this
   /// loader always draws that from torch's default generator.)
   std::optional<at::Generator> generator = std::nullopt;
+  /// Each shuffled order grouped by length (needs `shuffle`), so that a batch holds samples of
+  /// about the same length and pads little; then shared out to the replicas as without it.
+  std::optional<LengthGrouping> group_by_length = std::nullopt;
 };
 
 /// Where a DataLoader stands: the epoch, and how many batches of it were
@@ -132,6 +144,16 @@ std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_
 std::vector<size_t> batch_sampler_shard_indices(size_t dataset_size, size_t batch_size,
                                                 size_t num_replicas, size_t rank, bool shuffle,
                                                 uint64_t seed, int64_t epoch, bool drop_last);
+
+/// transformers' get_length_grouped_indices: torch.randperm(lengths.size(), generator=generator)
+/// cut into megabatches of mega_batch_mult * batch_size (by default min(n / (4 * batch_size), 50),
+/// at least 1), each sorted by descending length (ties keep their order), and the longest sample
+/// of all swapped to the front, so that the largest batch comes first. Without a generator,
+/// torch's default one.
+std::vector<size_t> get_length_grouped_indices(
+    const std::vector<int64_t>& lengths, size_t batch_size,
+    std::optional<size_t> mega_batch_mult = std::nullopt,
+    std::optional<at::Generator> generator = std::nullopt);
 
 /// Batches of a Dataset, the twin of `torch.utils.data.DataLoader` with a
 /// `DistributedSampler` (one replica by default), or, with ShuffleOrder::kRandomSampler, a

@@ -101,10 +101,14 @@ struct TrainingArguments {
   /// (LibTorch's error for an op that has none), slower.
   bool full_determinism = false;
   std::optional<int64_t> data_seed = std::nullopt;
-  /// "random" (each epoch in the order of randperm(seed + epoch), Accelerate's seedable sampler)
-  /// or "sequential" (the dataset's order). HF's "group_by_length" and "batch_rebalance" are
-  /// not supported.
+  /// "random" (each epoch in the order of randperm(seed + epoch), Accelerate's seedable sampler),
+  /// "sequential" (the dataset's order) or "group_by_length" (HF's LengthGroupedSampler: batches
+  /// of about equal length, for less padding; evaluation's too). HF's "batch_rebalance" is not
+  /// supported.
   std::string train_sampling_strategy = "random";
+  /// With "group_by_length": the samples' key that holds their length (a number), read instead
+  /// of the main input's size (as HF's dataset column of that name).
+  std::string length_column_name = "length";
   int64_t dataloader_num_workers = 0;
   bool dataloader_drop_last = false;
   /// For a model that takes HF's num_items_in_batch (a causal LM such as GPT-2): count the label
