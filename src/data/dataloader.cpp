@@ -274,8 +274,9 @@ DataLoader::DataLoader(DatasetPtr dataset, DataLoaderOptions options, CollateFn 
               "DataLoader: a generator is for shuffle_order = ShuffleOrder::kRandomSampler; "
               "kSeedPlusEpoch shuffles by its seed");
   if (const auto& grouping = options_.group_by_length) {
-    TORCH_CHECK(options_.shuffle,
-                "DataLoader: group_by_length groups a shuffled order; set shuffle = true");
+    TORCH_CHECK(options_.shuffle && options_.shuffle_order == ShuffleOrder::kSeedPlusEpoch,
+                "DataLoader: group_by_length groups a shuffled order of seed + epoch; set shuffle "
+                "= true (with ShuffleOrder::kSeedPlusEpoch)");
     TORCH_CHECK(grouping->lengths.size() == dataset_->size(), "DataLoader: group_by_length has ",
                 grouping->lengths.size(), " lengths for a dataset of ", dataset_->size(),
                 " samples");

@@ -120,10 +120,11 @@ void group_by_length(data::DataLoaderOptions& options, const TrainingArguments& 
   for (size_t i = 0; i < lengths.size(); ++i) {
     const data::Example example = dataset.get(i);
     if (auto length = example.find(args.length_column_name); length != example.end()) {
-      TORCH_CHECK(length->second.numel() == 1, "Trainer: sample ", i, "'s '",
-                  args.length_column_name, "' (length_column_name) holds ", length->second.numel(),
-                  " values; expected one length");
-      lengths[i] = length->second.item<int64_t>();
+      const at::Tensor& value = length->second;
+      TORCH_CHECK(value.numel() == 1 && value.item<double>() == std::floor(value.item<double>()),
+                  "Trainer: sample ", i, "'s '", args.length_column_name,
+                  "' (length_column_name) is not one whole number: ", value);
+      lengths[i] = static_cast<int64_t>(value.item<double>());
       continue;
     }
     const auto input = example.find(main_input_name);
@@ -423,8 +424,11 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
   args_.validate();
   impl_->memory = detail::MemoryTracker(!args_.skip_memory_metrics);
   detail::MemoryTracker::Stage measured(impl_->memory, "init");
-  // As HF's __init__ (which otherwise calls set_seed; mixprec seeds in train() only).
-  if (args_.full_determinism) enable_full_determinism(static_cast<uint64_t>(args_.seed));
+  // As HF's __init__, and again in train().
+  if (args_.full_determinism)
+    enable_full_determinism(static_cast<uint64_t>(args_.seed));
+  else
+    accelerate::set_seed(static_cast<uint64_t>(args_.seed));
   TORCH_CHECK(module, "Trainer: no model");
   if (args_.activation_checkpointing) {
     auto* model = dynamic_cast<models::SupportsActivationCheckpointing*>(module.get());
@@ -693,7 +697,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                 ". The last good checkpoint is ", last ? last->string() : std::string("none"),
                 ". Lower the learning rate or check the model and the data.");
   };
-  auto maybe_log_save_evaluate = [&] {
+  int64_t saved_step = -1;  // the step of this run's last checkpoint
+  // stopping: a signal stops training after this step, whose checkpoint must be one to resume
+  // from (a whole one, even with save_only_model).
+  auto maybe_log_save_evaluate = [&](bool stopping) {
     if (impl.control.should_log && state_.global_step > last_logged_step) {
       const double loss = acc.reduce(loss_since_log, "mean").item<double>() /
                           static_cast<double>(state_.global_step - last_logged_step);
@@ -737,7 +744,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         }
       }
     }
-    if (impl.control.should_save) save_checkpoint(args_.save_only_model);
+    if (impl.control.should_save) {
+      save_checkpoint(args_.save_only_model && !stopping);
+      saved_step = state_.global_step;
+    }
     impl.control.should_log = impl.control.should_evaluate = impl.control.should_save = false;
   };
 
@@ -855,19 +865,18 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
         }
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_end(a, s, c); });
-        maybe_log_save_evaluate();
         // A signal reaches the processes at different steps: they stop together at the first
         // step any saw one (else one would save while another trains, and collectives mismatch).
         int signal = stop_signal;
         if (acc.num_processes() > 1 &&
             acc.reduce(at::full({1}, signal, at::kInt), "sum").item<int>() != 0 && signal == 0)
           signal = SIGTERM;
+        maybe_log_save_evaluate(/*stopping=*/signal != 0);
         if (signal != 0) {
           stopped_by = signal;
           const auto dir =
               fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step));
-          // One to resume from, even where save_only_model saved the model alone.
-          if (!fs::exists(dir) || args_.save_only_model) save_checkpoint(/*model_only=*/false);
+          if (saved_step != state_.global_step) save_checkpoint(/*model_only=*/false);
           impl.control.should_training_stop = true;
           if (acc.is_main_process())
             std::fprintf(stderr,
@@ -891,7 +900,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     c.should_evaluate |= args_.eval_strategy == "epoch" && args_.eval_delay <= state_.epoch;
     c.should_save |= args_.save_strategy == "epoch";
     impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_epoch_end(a, s, c); });
-    maybe_log_save_evaluate();
+    maybe_log_save_evaluate(/*stopping=*/false);
     c.should_epoch_stop = false;
   }
   progress.close();

@@ -148,6 +148,29 @@ TEST(DataLoader, GroupByLengthEqualsLengthGroupedSamplerThroughAccelerate) {
   }
 }
 
+// Without a batch size of its own, the grouping takes the loader's; with DistributedSampler's
+// sharding, the ranks share the grouped order as transformers' DistributedLengthGroupedSampler
+// did: padded by repeating it from its start, then indices[rank::num_replicas].
+TEST(DataLoader, GroupByLengthWithTheLoadersBatchSizeAndDistributedSampler) {
+  const std::vector<int64_t> lengths{4, 9, 1, 7, 7, 3, 12, 5, 2, 8, 6, 10, 11};
+  const auto order = get_length_grouped_indices(lengths, 3, std::nullopt,
+                                                at::make_generator<at::CPUGeneratorImpl>(5 + 1));
+  for (size_t rank = 0; rank < 2; ++rank) {
+    DataLoader loader(range_dataset(13), {.batch_size = 3,
+                                          .shuffle = true,
+                                          .seed = 5,
+                                          .num_replicas = 2,
+                                          .rank = rank,
+                                          .group_by_length = LengthGrouping{lengths}});
+    loader.set_epoch(1);
+    std::vector<int64_t> expected, got;
+    for (size_t j = 0; j < 7; ++j)
+      expected.push_back(static_cast<int64_t>(order[(rank + 2 * j) % 13]));
+    for (const auto& batch : pass(loader)) got.insert(got.end(), batch.begin(), batch.end());
+    EXPECT_EQ(got, expected) << "rank " << rank;
+  }
+}
+
 // ShuffleOrder::kRandomSampler: each rank as Accelerate's default prepared loader in its own
 // process: a new order each pass (from torch's generator with one process; from a generator
 // seeded at prepare with several), and torch's generator drawn as Python's DataLoader draws it.
@@ -459,7 +482,14 @@ TEST(DataLoader, BadOptionsAreAClearError) {
   EXPECT_TRUE(has(error_of([] {
                     DataLoader(range_dataset(4), {.group_by_length = LengthGrouping{{1, 2, 3, 4}}});
                   }),
-                  "DataLoader: group_by_length groups a shuffled order; set shuffle = true"));
+                  "DataLoader: group_by_length groups a shuffled order of seed + epoch; set "
+                  "shuffle = true (with ShuffleOrder::kSeedPlusEpoch)"));
+  EXPECT_TRUE(has(error_of([] {
+                    DataLoader(range_dataset(4), {.shuffle = true,
+                                                  .shuffle_order = ShuffleOrder::kRandomSampler,
+                                                  .group_by_length = LengthGrouping{{1, 2, 3, 4}}});
+                  }),
+                  "set shuffle = true (with ShuffleOrder::kSeedPlusEpoch)"));
   EXPECT_TRUE(has(error_of([] {
                     DataLoader(range_dataset(4),
                                {.shuffle = true, .group_by_length = LengthGrouping{{1, 2, 3}}});

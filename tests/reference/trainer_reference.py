@@ -14,10 +14,12 @@ with num_items_in_batch (the eval set is the train set here), the tokens seen
 (include_num_input_tokens_seen) and total_flos. "gpt2_label_smoothing": the same with
 label_smoothing_factor 0.1, which HF's LabelSmoother applies to the logits with the labels
 shifted (GPT2LMHeadModel is a causal LM) over the window's num_items_in_batch.
-"gpt2_group_by_length": 32 sequences of 2 to 16 tokens, padded per batch (labels with -100),
+"gpt2_group_by_length": 24 sequences of 2 to 16 tokens, padded per batch (labels with -100),
 with train_sampling_strategy "group_by_length": HF's LengthGroupedSampler, whose training order
 is drawn here from a generator seeded with seed + epoch, as mixprec draws it (HF's draws from
-torch's global generator); the evaluation's order is HF's own (seeded with seed).
+torch's global generator); the evaluation's order is HF's own (seeded with seed). The sizes
+make the megabatches tell the sampler's batch sizes apart: 4 samples for training (2 x 2
+accumulated; 6 if it were 2), 6 for evaluation (batches of 3; 4 if it were training's).
 
 The HF Trainer draws the training order from Accelerate's SeedableRandomSampler
 (randperm seeded with seed + epoch), which is the order of mixprec's loader, so
@@ -232,7 +234,7 @@ def run_gpt2(label_smoothing_factor=0.0, group_by_length=False):
     # its losses come out lower by up to (T - 1) / T. mixprec counts as for every causal LM.
     model.loss_type = "ForCausalLM"
     g = torch.Generator().manual_seed(3)
-    n, t = (32 if group_by_length else 10), 16
+    n, t = (24 if group_by_length else 10), 16
     input_ids = torch.randint(0, model.config.vocab_size, (n, t), generator=g)
     lengths = torch.randint(2, t + 1, (n,), generator=g)
     labels = input_ids.masked_fill(torch.arange(t) >= lengths[:, None], -100)
@@ -250,7 +252,8 @@ def run_gpt2(label_smoothing_factor=0.0, group_by_length=False):
     with tempfile.TemporaryDirectory() as out:
         args = TrainingArguments(
             output_dir=out, use_cpu=True, seed=42, per_device_train_batch_size=2,
-            gradient_accumulation_steps=2, per_device_eval_batch_size=4, num_train_epochs=2,
+            gradient_accumulation_steps=2, per_device_eval_batch_size=3 if group_by_length else 4,
+            num_train_epochs=2,
             # 16 steps of Adam at 1e-2 turn rounding into 1e-3 differences; 1e-3 keeps them small.
             learning_rate=1e-3 if group_by_length else 1e-2,
             weight_decay=0.0, lr_scheduler_type="constant", logging_strategy="steps",

@@ -674,19 +674,23 @@ TEST_F(TrainerTest, SaveOnlyModelResumesTheScheduleAndDataWithAFreshOptimizer) {
       EXPECT_FALSE(torch::allclose(flat_params(*resumed), flat_params(*whole), 1e-3, 1e-3));
   }
 
-  // A signal's checkpoint is one to resume from, even over the model-only one of its step.
+  // A signal on a save step: that step's checkpoint is one to resume from, saved once.
   struct Interrupts : mixprec::train::TrainerCallback {
     void on_step_end(const TrainingArguments&, TrainerState& s, TrainerControl&) override {
       if (s.global_step == 7) std::raise(SIGTERM);
     }
+    void on_save(const TrainingArguments&, TrainerState&, TrainerControl&) override { ++saves; }
+    int saves = 0;
   };
   a.output_dir = (dir_ / "model_only_interrupted").string();
   Classifier model;
-  Trainer interrupted(model, a, train_, eval_, accuracy, {std::make_shared<Interrupts>()});
+  const auto interrupts = std::make_shared<Interrupts>();
+  Trainer interrupted(model, a, train_, eval_, accuracy, {interrupts});
   EXPECT_EQ(interrupted.train().stopped_by_signal, SIGTERM);
   const auto files = files_in(fs::path(a.output_dir) / "checkpoint-7");
   EXPECT_TRUE(std::ranges::count(files, "optimizer.safetensors") &&
               std::ranges::count(files, "accelerator.json"));
+  EXPECT_EQ(interrupts->saves, 1);
 }
 
 // include_for_metrics gives compute_metrics the batches' main input (the model's
@@ -834,6 +838,15 @@ TEST_F(TrainerTest, FullDeterminismTurnsOnDeterministicAlgorithms) {
   EXPECT_TRUE(torch::equal(drawn, torch::rand({4})));
   trainer.train();
   EXPECT_TRUE(context.deterministicAlgorithms());
+
+  // Without it, the constructor seeds all the same (HF's __init__ calls set_seed).
+  a.full_determinism = false;
+  a.seed = 11;
+  torch::manual_seed(0);
+  Trainer seeded(model, a, train_, eval_, accuracy);
+  const auto after_constructor = torch::rand({4});
+  torch::manual_seed(11);
+  EXPECT_TRUE(torch::equal(after_constructor, torch::rand({4})));
 }
 
 // train() again, as HF allows: the second run makes its optimizer, schedule and data position
@@ -1176,11 +1189,11 @@ TEST_F(TrainerTest, FullEvalRunsTheModelIn16Bits) {
 TEST_F(TrainerTest, GroupByLengthOrdersBatchesByLengthAndResumes) {
   const auto [x, labels] = [] {
     auto task = mixprec::data::make_classification(
-        {.n_samples = 96, .n_features = 6, .n_classes = 3, .class_sep = 2.0, .seed = 2});
+        {.n_samples = 88, .n_features = 6, .n_classes = 3, .class_sep = 2.0, .seed = 2});
     return std::pair{task.x, task.labels};
   }();
   torch::manual_seed(7);
-  const at::Tensor lengths = torch::randint(1, 40, {96});
+  const at::Tensor lengths = torch::randint(1, 40, {88});
   auto dataset = [&](int64_t from, int64_t to) {
     return std::make_shared<mixprec::data::TensorDataset>(
         std::map<std::string, at::Tensor>{{"x", x.slice(0, from, to)},
@@ -1188,19 +1201,22 @@ TEST_F(TrainerTest, GroupByLengthOrdersBatchesByLengthAndResumes) {
                                           {"length", lengths.slice(0, from, to)},
                                           {"index", torch::arange(to - from)}});
   };
-  const auto train = dataset(0, 64), eval = dataset(64, 96);
+  const auto train = dataset(0, 48), eval = dataset(48, 88);
   auto lengths_of = [](const at::Tensor& t) {
     return std::vector<int64_t>(t.data_ptr<int64_t>(), t.data_ptr<int64_t>() + t.numel());
   };
   auto a = args("grouped");
   a.train_sampling_strategy = "group_by_length";
+  // Sizes whose megabatches tell the sampler's batch sizes apart: 48 samples in megabatches of
+  // 8 (4 x 2 accumulated; 12 if it were 4), 40 to evaluate in megabatches of 10 (batches of 5;
+  // 8 if it were training's).
   a.per_device_train_batch_size = 4;
-  a.gradient_accumulation_steps = 2;  // megabatches of 8 x 2 (64 / (4 x 8) = 2)
-  a.per_device_eval_batch_size = 8;
+  a.gradient_accumulation_steps = 2;
+  a.per_device_eval_batch_size = 5;
   a.num_train_epochs = 3;
   a.eval_strategy = "epoch";
   a.save_strategy = "steps";
-  a.save_steps = 11;  // 8 steps an epoch: checkpoint-11 is in the middle of epoch 1
+  a.save_steps = 11;  // 6 steps an epoch: checkpoint-11 is in the middle of epoch 1
   a.seed = 3;
 
   struct Seen {
@@ -1224,18 +1240,18 @@ TEST_F(TrainerTest, GroupByLengthOrdersBatchesByLengthAndResumes) {
   std::vector<int64_t> expected_train, expected_eval;
   for (int64_t epoch = 0; epoch < 3; ++epoch) {
     const auto order = mixprec::data::get_length_grouped_indices(
-        lengths_of(lengths.slice(0, 0, 64)), 8, std::nullopt,
+        lengths_of(lengths.slice(0, 0, 48)), 8, std::nullopt,
         at::make_generator<at::CPUGeneratorImpl>(3 + epoch));
     expected_train.insert(expected_train.end(), order.begin(), order.end());
     const auto eval_order = mixprec::data::get_length_grouped_indices(
-        lengths_of(lengths.slice(0, 64, 96)), 8, std::nullopt,
+        lengths_of(lengths.slice(0, 48, 88)), 5, std::nullopt,
         at::make_generator<at::CPUGeneratorImpl>(3));
     expected_eval.insert(expected_eval.end(), eval_order.begin(), eval_order.end());
   }
   EXPECT_EQ(seen.train, expected_train);
   EXPECT_EQ(seen.eval, expected_eval);
   // The batches do group: each megabatch of 8 in descending length but for the first sample.
-  for (size_t start = 0; start < 64; start += 8)
+  for (size_t start = 0; start < 48; start += 8)
     for (size_t i = start + 2; i < start + 8; ++i)
       EXPECT_GE(lengths[seen.train[i - 1]].item<int64_t>(), lengths[seen.train[i]].item<int64_t>());
 
@@ -1245,9 +1261,9 @@ TEST_F(TrainerTest, GroupByLengthOrdersBatchesByLengthAndResumes) {
   b.output_dir = (dir_ / "grouped_resumed").string();
   Seen after;
   run(resumed, b, after, (fs::path(a.output_dir) / "checkpoint-11").string());
-  // Step 11 is batch 6 of epoch 1 (windows of 2 batches): from there on, the same batches.
+  // Step 11 is batch 10 of epoch 1 (windows of 2 batches): from there on, the same batches.
   EXPECT_EQ(after.train,
-            std::vector<int64_t>(expected_train.begin() + 64 + 6 * 4, expected_train.end()));
+            std::vector<int64_t>(expected_train.begin() + 48 + 10 * 4, expected_train.end()));
   EXPECT_TRUE(torch::equal(flat_params(*resumed), flat_params(*whole)));
 
   // Lengths from the main input's size without a length key; neither: a clear error.
@@ -1263,6 +1279,14 @@ TEST_F(TrainerTest, GroupByLengthOrdersBatchesByLengthAndResumes) {
             "Trainer: train_sampling_strategy \"group_by_length\" needs each sample's 'length' "
             "(length_column_name) or a sequence 'input_ids' (the model's main input); sample 0 "
             "has keys labels, x");
+  const auto fractional = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"x", x.slice(0, 0, 8)},
+                                        {"labels", labels.slice(0, 0, 8)},
+                                        {"length", torch::full({8}, 1.5)}});
+  EXPECT_NE(mixprec::testing::error_of([&] {
+              Trainer(model, a, fractional).train();
+            }).find("Trainer: sample 0's 'length' (length_column_name) is not one whole number"),
+            std::string::npos);
   Trainer by_main_input(model, a, train_);               // main_input_name "x": every length 6
   EXPECT_EQ(by_main_input.train().global_step, 3 * 20);  // 160 / 4 / 2 a window
 }

@@ -77,8 +77,11 @@ struct DataLoaderOptions {
   /// torch.Generator. (torch's DataLoader(generator=g) would also draw its base seed from g; this
   /// loader always draws that from torch's default generator.)
   std::optional<at::Generator> generator = std::nullopt;
-  /// Each shuffled order grouped by length (needs `shuffle`), so that a batch holds samples of
-  /// about the same length and pads little; then shared out to the replicas as without it.
+  /// Each epoch's shuffled order (kSeedPlusEpoch's) grouped by length, so that a batch holds
+  /// samples of about the same length and pads little; then shared out to the replicas as
+  /// without it: with kBatchSamplerShard, Accelerate's prepared loader of a LengthGroupedSampler
+  /// seeded with seed + epoch; with kDistributedSampler, transformers' older
+  /// DistributedLengthGroupedSampler(seed).
   std::optional<LengthGrouping> group_by_length = std::nullopt;
 };
 

@@ -166,8 +166,10 @@ class Trainer {
   /// loss_type, and also reads a collator's "shift_labels"; mixprec by this call only.)
   void set_num_items_forward(NumItemsForward forward);
 
-  /// The batch key EvalPrediction::inputs comes from (include_for_metrics "inputs"); the
-  /// constructor from a model sets it to main_input_name_of(model).
+  /// The batch key EvalPrediction::inputs comes from (include_for_metrics "inputs"), and whose
+  /// size is a sample's length for train_sampling_strategy "group_by_length" (HF's: the
+  /// tokenizer's first input, "input_ids"); the constructor from a model sets it to
+  /// main_input_name_of(model).
   void set_main_input_name(std::string name);
 
   /// Trains; `resume_from_checkpoint` (or args.resume_from_checkpoint) is a

@@ -103,8 +103,8 @@ struct TrainingArguments {
   std::optional<int64_t> data_seed = std::nullopt;
   /// "random" (each epoch in the order of randperm(seed + epoch), Accelerate's seedable sampler),
   /// "sequential" (the dataset's order) or "group_by_length" (HF's LengthGroupedSampler: batches
-  /// of about equal length, for less padding; evaluation's too). HF's "batch_rebalance" is not
-  /// supported.
+  /// of about equal length, for less padding; evaluation's and predict()'s too, whose outputs
+  /// then come in that order, as HF's). HF's "batch_rebalance" is not supported.
   std::string train_sampling_strategy = "random";
   /// With "group_by_length": the samples' key that holds their length (a number), read instead
   /// of the main input's size (as HF's dataset column of that name).
