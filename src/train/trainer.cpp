@@ -1141,7 +1141,8 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   const bool per_batch_metrics = computes_metrics && args_.batch_eval_metrics;
   // As HF's: predict() returns every batch's logits and labels even when the metrics are per batch.
   const bool keep_outputs = !loss_only && (!per_batch_metrics || predicting);
-  std::vector<at::Tensor> logits, labels, losses, inputs;
+  std::vector<at::Tensor> logits, losses, inputs;
+  std::vector<std::vector<at::Tensor>> labels(label_names.size());  // each label name's batches
   Metrics metrics;  // compute_metrics' (with per_batch_metrics, its last call's)
   int64_t batches = 0;
   const size_t last = loader.size() - 1;
@@ -1167,8 +1168,15 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
                                    ? static_cast<int64_t>(loader.num_padding_samples())
                                    : 0);
     const auto keep = acc.gather((at::arange(n) < valid).to(at::kByte)).to(at::kBool);
-    at::Tensor batch_losses, batch_logits, batch_labels, batch_inputs;
-    if (out.loss.defined())  // the batch's mean loss for each sample, as HF repeats it
+    // As HF's prediction_step: labels, and a loss, only for a batch that holds every label name.
+    const bool has_labels =
+        !label_names.empty() && std::ranges::all_of(label_names, [&](const std::string& name) {
+          return on_device.count(name) > 0;
+        });
+    at::Tensor batch_losses, batch_logits, batch_inputs;
+    std::vector<at::Tensor> batch_labels;  // one per label name
+    if (out.loss.defined() &&
+        has_labels)  // the batch's mean loss for each sample, as HF repeats it
       batch_losses = acc.gather(out.loss.detach()
                                     .to(at::kFloat)
                                     .mean()
@@ -1183,8 +1191,9 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
     };
     if (!loss_only) {
       if (out.logits.defined()) batch_logits = gather(out.logits.detach().to(at::kFloat).cpu());
-      auto label = label_names.empty() ? on_device.end() : on_device.find(label_names.front());
-      if (label != on_device.end()) batch_labels = gather(label->second.cpu());
+      if (has_labels)
+        for (const auto& name : label_names)
+          batch_labels.push_back(gather(on_device.at(name).cpu()));
     }
     if (with_inputs) {
       auto input = batch.find(impl.main_input_name);
@@ -1196,18 +1205,22 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
     if (batch_losses.defined()) losses.push_back(batch_losses);
     if (keep_outputs) {
       if (batch_logits.defined()) logits.push_back(batch_logits);
-      if (batch_labels.defined()) labels.push_back(batch_labels);
+      for (size_t i = 0; i < batch_labels.size(); ++i) labels[i].push_back(batch_labels[i]);
       if (batch_inputs.defined()) inputs.push_back(batch_inputs);
     }
     impl.call(args_, state_,
               [](auto& cb, auto& a, auto& s, auto& c) { cb.on_prediction_step(a, s, c); });
-    if (per_batch_metrics && batch_logits.defined() && batch_labels.defined())
-      metrics = impl.compute_metrics({batch_logits, batch_labels, batch_inputs,
+    if (per_batch_metrics && batch_logits.defined() && !batch_labels.empty())
+      metrics = impl.compute_metrics({batch_logits, batch_labels[0], batch_inputs,
                                       with_losses ? batch_losses : at::Tensor(),
-                                      static_cast<size_t>(batches) == last});
+                                      static_cast<size_t>(batches) == last, batch_labels});
     ++batches;
   }
-  PredictionOutput output{concat_padded(logits), concat_padded(labels), {}};
+  std::vector<at::Tensor> all_labels;
+  for (const auto& parts : labels)
+    if (!parts.empty()) all_labels.push_back(concat_padded(parts));
+  PredictionOutput output{
+      concat_padded(logits), all_labels.empty() ? at::Tensor() : all_labels[0], {}, all_labels};
   if (!losses.empty()) {
     // As HF: with logging_nan_inf_filter, the finite losses only, if any.
     at::Tensor all = at::cat(losses).to(at::kDouble);
@@ -1217,9 +1230,9 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   }
   if (!per_batch_metrics && impl.compute_metrics && output.predictions.defined() &&
       output.label_ids.defined())
-    metrics =
-        impl.compute_metrics({output.predictions, output.label_ids, concat_padded(inputs),
-                              with_losses && !losses.empty() ? at::cat(losses) : at::Tensor()});
+    metrics = impl.compute_metrics({output.predictions, output.label_ids, concat_padded(inputs),
+                                    with_losses && !losses.empty() ? at::cat(losses) : at::Tensor(),
+                                    true, output.all_label_ids});
   for (const auto& [key, value] : metrics)
     output.metrics[key.starts_with(prefix + "_") ? key : prefix + "_" + key] = value;
   // As HF's speed_metrics: the dataset's samples, and the steps a whole pass over them takes

@@ -1291,6 +1291,49 @@ TEST_F(TrainerTest, GroupByLengthOrdersBatchesByLengthAndResumes) {
   EXPECT_EQ(by_main_input.train().global_step, 3 * 20);  // 160 / 4 / 2 a window
 }
 
+// Several label_names: compute_metrics and predict() get each one's labels (HF's label_ids
+// tuple), label_ids the first's. A batch without every one of them has no labels and no loss,
+// as in HF's prediction_step, so compute_metrics is not called.
+TEST_F(TrainerTest, SeveralLabelNamesGiveEachOnesLabels) {
+  auto a = args("label_names");
+  a.label_names = std::vector<std::string>{"labels", "targets"};
+  Classifier model;
+  auto with_targets = [](const std::vector<mixprec::data::Example>& examples) {
+    auto batch = mixprec::data::collate(examples);
+    batch["targets"] = batch.at("labels") * 10;
+    return batch;
+  };
+  std::vector<at::Tensor> seen;
+  auto metrics = [&](const mixprec::train::EvalPrediction& p) {
+    seen = p.all_label_ids;
+    EXPECT_TRUE(torch::equal(p.label_ids, p.all_label_ids.at(0)));
+    return accuracy(p);
+  };
+  std::vector<at::Tensor> eval_labels;
+  for (size_t i = 0; i < eval_->size(); ++i) eval_labels.push_back(eval_->get(i).at("labels"));
+  const at::Tensor expected = torch::stack(eval_labels);
+  Trainer trainer(
+      model.ptr(), [&](const mixprec::data::Batch& b) { return model->forward(b); }, a, train_,
+      eval_, metrics, {}, with_targets);
+  const Metrics both = trainer.evaluate();
+  EXPECT_TRUE(both.count("eval_loss") && both.count("eval_accuracy"));
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_TRUE(torch::equal(seen[0], expected));
+  EXPECT_TRUE(torch::equal(seen[1], expected * 10));
+  const auto predicted = trainer.predict(eval_);
+  ASSERT_EQ(predicted.all_label_ids.size(), 2u);
+  EXPECT_TRUE(torch::equal(predicted.label_ids, expected));
+  EXPECT_TRUE(torch::equal(predicted.all_label_ids[1], expected * 10));
+
+  a.label_names = std::vector<std::string>{"labels", "missing"};
+  seen.clear();
+  Trainer without(model, a, train_, eval_, metrics);
+  const Metrics none = without.evaluate();
+  EXPECT_FALSE(none.count("eval_loss") || none.count("eval_accuracy"));
+  EXPECT_TRUE(seen.empty());
+  EXPECT_FALSE(without.predict(eval_).label_ids.defined());
+}
+
 TEST_F(TrainerTest, ClearErrors) {
   auto a = args("errors");
   Classifier model;

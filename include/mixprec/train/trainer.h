@@ -29,6 +29,9 @@ struct EvalPrediction {
   /// HF's compute_result keyword: false on all but the last batch with batch_eval_metrics, whose
   /// metrics are the evaluation's (the others' are not used); always true otherwise.
   bool compute_result = true;
+  /// Each label name's labels, in TrainingArguments::label_names' order (HF's label_ids is their
+  /// tuple when there are several); label_ids is the first.
+  std::vector<at::Tensor> all_label_ids = {};
 };
 using ComputeMetrics = std::function<Metrics(const EvalPrediction&)>;
 
@@ -44,8 +47,9 @@ struct TrainOutput {
 
 struct PredictionOutput {
   at::Tensor predictions;
-  at::Tensor label_ids;
-  Metrics metrics;  // test_loss, test_<metric>, ...
+  at::Tensor label_ids;  // the first label name's; all_label_ids holds each one's
+  Metrics metrics;       // test_loss, test_<metric>, ...
+  std::vector<at::Tensor> all_label_ids = {};
 };
 
 /// HF's model.main_input_name: the batch key of a model's main input, for include_for_metrics

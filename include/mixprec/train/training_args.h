@@ -132,7 +132,8 @@ struct TrainingArguments {
   std::optional<bool> disable_tqdm = std::nullopt;
   bool use_cpu = false;
   /// The batch keys that hold labels (default {"labels"}): they keep their dtype when inputs go
-  /// 16-bit, and the first gives EvalPrediction::label_ids (HF passes a tuple of all of them).
+  /// 16-bit; in evaluation, only a batch that holds them all has labels and a loss (HF's
+  /// has_labels), and EvalPrediction::all_label_ids gets each one's (label_ids the first's).
   std::optional<std::vector<std::string>> label_names = std::nullopt;
   std::optional<std::string> run_name = std::nullopt;
   /// Without it, train(), evaluate() and predict() add the process's resident memory that each
