@@ -2,6 +2,7 @@
 
 #include "mixprec/io/checkpoint.h"
 #include "mixprec/io/safetensors.h"
+#include "mixprec/log/logging.h"
 #include "mixprec/optim/clip_grad.h"
 #include "mixprec/optim/optimizer_in_backward.h"
 
@@ -402,8 +403,9 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name, bool mo
   if (std::filesystem::exists(rng_file))
     io::load_rng_state(io::load_safetensors(rng_file), rng_file.string());
   else
-    TORCH_WARN("Accelerator::load_state: no ", rng_file.string(),
-               " (saved with fewer processes); this process's random generators are not restored");
+    MIXPREC_WARN(
+        "Accelerator::load_state: no ", rng_file.string(),
+        " (saved with fewer processes); this process's random generators are not restored");
   for (size_t i = 0; i < shared_->custom_objects.size(); ++i) {
     const auto file = dir / nth("custom_checkpoint", i, ".json");
     const std::string text = io::read_file(file);
@@ -440,12 +442,12 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name, bool mo
       if (position.batches_yielded > 0 &&
           (saved_batch_size * saved_processes != batch_size * num_processes() ||
            (std::max(saved_processes, num_processes()) > 1 && saved_sharding != kSharding)))
-        TORCH_WARN("Accelerator::load_state: ", (dir / name).string(),
-                   " stopped mid-epoch with batches of ", saved_batch_size, " on each of ",
-                   saved_processes, " process(es), sharded as ", saved_sharding,
-                   "; this run has batches of ", batch_size, " on each of ", num_processes(),
-                   ", sharded as ", kSharding,
-                   ", so the rest of the epoch can repeat or skip samples");
+        MIXPREC_WARN("Accelerator::load_state: ", (dir / name).string(),
+                     " stopped mid-epoch with batches of ", saved_batch_size, " on each of ",
+                     saved_processes, " process(es), sharded as ", saved_sharding,
+                     "; this run has batches of ", batch_size, " on each of ", num_processes(),
+                     ", sharded as ", kSharding,
+                     ", so the rest of the epoch can repeat or skip samples");
     } catch (const json::exception& e) {
       TORCH_CHECK(false, (dir / name).string(), ": ", e.what());
     }
@@ -674,8 +676,8 @@ Accelerator::GoesFirstGuard::~GoesFirstGuard() {
   try {
     accelerator_.wait_for_everyone();
   } catch (const std::exception& e) {
-    TORCH_WARN("Accelerator::main_process_first: the other processes did not reach the barrier (",
-               e.what(), "); the processes are out of step, and the next collective will fail");
+    MIXPREC_WARN("Accelerator::main_process_first: the other processes did not reach the barrier (",
+                 e.what(), "); the processes are out of step, and the next collective will fail");
   }
 }
 

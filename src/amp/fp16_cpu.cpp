@@ -30,6 +30,8 @@
 // the op runs at LibTorch's fp16 speed, then calls LibTorch's kernel as is.
 #include "mixprec/amp/fp16_cpu.h"
 
+#include "mixprec/log/logging.h"
+
 #include <ATen/ATen.h>
 #include <ATen/cpu/Utils.h>
 #include <ATen/ops/_addmm_activation_cpu_dispatch.h>
@@ -266,9 +268,9 @@ struct NotCovered<Name, Original> {
   static R call(Args... args) {
     if ((is_half(args) || ...) && wants_fast_path(g_path.load(std::memory_order_relaxed)) &&
         !warned.exchange(true))
-      TORCH_WARN("mixprec: fp16 on the CPU: aten::", Name,
-                 " has no mixprec fast path; it runs LibTorch's own fp16 kernel, at LibTorch's "
-                 "fp16 speed (slow on CPUs without FP16 arithmetic). Shown once per op.");
+      MIXPREC_WARN("mixprec: fp16 on the CPU: aten::", Name,
+                   " has no mixprec fast path; it runs LibTorch's own fp16 kernel, at LibTorch's "
+                   "fp16 speed (slow on CPUs without FP16 arithmetic). Shown once per op.");
     return Original(std::forward<Args>(args)...);
   }
   static inline std::atomic<bool> warned{false};

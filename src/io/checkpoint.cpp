@@ -1,5 +1,6 @@
 #include "mixprec/io/checkpoint.h"
 
+#include "mixprec/log/logging.h"
 #include "mixprec/log/tracker.h"
 #include "mixprec/optim/adamw.h"
 
@@ -556,8 +557,8 @@ std::optional<std::filesystem::path> last_good_checkpoint(const std::filesystem:
       verify_checkpoint(it->second);
       return it->second;
     } catch (const c10::Error& e) {
-      TORCH_WARN("checkpoint ", it->second.string(), " is damaged (", e.what_without_backtrace(),
-                 "); falling back to the one before it");
+      MIXPREC_WARN("checkpoint ", it->second.string(), " is damaged (", e.what_without_backtrace(),
+                   "); falling back to the one before it");
     }
   }
   return std::nullopt;
@@ -577,7 +578,7 @@ void remove_old_checkpoint(const std::filesystem::path& dir) {
   std::error_code error;
   std::filesystem::remove_all(dir, error);
   if (error)
-    TORCH_WARN("could not delete the old checkpoint ", dir.string(), ": ", error.message());
+    MIXPREC_WARN("could not delete the old checkpoint ", dir.string(), ": ", error.message());
 }
 
 }  // namespace mixprec::io

@@ -1,5 +1,7 @@
 #include "mixprec/optim/lr_scheduler.h"
 
+#include "mixprec/log/logging.h"
+
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 
@@ -139,7 +141,7 @@ void set_scheduler_kwargs(SchedulerOptions& options, const std::string& name,
       std::vector<std::string> keys;
       for (const auto& [key, value] : kwargs) keys.push_back("'" + key + "'");
       // Once: the arguments are checked when read, and the schedule is made again in train().
-      TORCH_WARN_ONCE(
+      MIXPREC_WARN_ONCE(
           "lr_scheduler_kwargs: the \"", name,
           "\" schedule takes none; ignored, as transformers ignores them: ", c10::Join(", ", keys));
     }
@@ -197,7 +199,7 @@ LRScheduler get_scheduler(const std::string& name, torch::optim::Optimizer& opti
     TORCH_CHECK(o.num_training_steps || o.num_stable_steps,
                 "Either num_training_steps or num_stable_steps must be specified.");
     if (o.num_training_steps && o.num_stable_steps)
-      TORCH_WARN(
+      MIXPREC_WARN(
           "Both num_training_steps and num_stable_steps are specified. num_stable_steps "
           "will be used.");
     const int64_t decay = *o.num_decay_steps;

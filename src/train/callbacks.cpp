@@ -1,5 +1,7 @@
 #include "mixprec/train/callbacks.h"
 
+#include "mixprec/log/logging.h"
+
 #include <c10/util/Exception.h>
 #include <nlohmann/json.hpp>
 
@@ -197,9 +199,9 @@ void EarlyStoppingCallback::on_train_begin(const TrainingArguments& args, Traine
 
 void TrainerCallback::load_state(const std::string&) {
   const auto exported = state();
-  TORCH_WARN("Trainer: the checkpoint holds the state of callback '",
-             exported ? exported->name : "?",
-             "', whose load_state() is not overridden: the state is not restored");
+  MIXPREC_WARN("Trainer: the checkpoint holds the state of callback '",
+               exported ? exported->name : "?",
+               "', whose load_state() is not overridden: the state is not restored");
 }
 
 std::optional<CallbackState> EarlyStoppingCallback::state() const {

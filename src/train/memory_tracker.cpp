@@ -1,5 +1,7 @@
 #include "memory_tracker.h"
 
+#include "mixprec/log/logging.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -51,8 +53,8 @@ MemoryTracker::Stage::Stage(MemoryTracker& tracker, std::string name)
   // Trimmed first: the mark then starts from what is in use, not from what the heap kept.
   tracker_->begin_ = resident_bytes();
   if (!reset_peak()) {
-    TORCH_WARN_ONCE("Trainer: cannot reset the peak memory (/proc/self/clear_refs); the ",
-                    "mem_cpu_peaked_delta metrics count from the process's start");
+    MIXPREC_WARN_ONCE("Trainer: cannot reset the peak memory (/proc/self/clear_refs); the ",
+                      "mem_cpu_peaked_delta metrics count from the process's start");
   }
 }
 

@@ -1,6 +1,7 @@
 #include "mixprec/train/trainer.h"
 
 #include "mixprec/io/checkpoint.h"
+#include "mixprec/log/logging.h"
 #include "mixprec/log/progress.h"
 #include "mixprec/models/activation_checkpoint.h"
 #include "mixprec/optim/adamw.h"
@@ -102,6 +103,16 @@ data::DataLoaderOptions loader_options_of(const TrainingArguments& args,
           .num_replicas = static_cast<size_t>(acc.num_processes()),
           .rank = static_cast<size_t>(acc.process_index()),
           .sharding = data::Sharding::kBatchSamplerShard};
+}
+
+// As Python's f"{n:,}": 1284 -> "1,284".
+std::string with_commas(int64_t n) {
+  std::string digits = std::to_string(n < 0 ? -n : n), out;
+  for (size_t i = 0; i < digits.size(); ++i) {
+    if (i > 0 && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return n < 0 ? "-" + out : out;
 }
 
 std::vector<std::string> keys_of(const data::Batch& batch) {
@@ -268,7 +279,7 @@ struct Trainer::Impl {
       const at::Tensor label_ids = has_labels ? labels->second : at::Tensor();
       if (compute_loss) {
         if (!has_labels) {
-          TORCH_WARN_ONCE(
+          MIXPREC_WARN_ONCE(
               "Trainer: compute_loss_func is defined but the batch holds no labels; it is called "
               "with undefined labels");
         }
@@ -359,7 +370,7 @@ struct Trainer::Impl {
       if (given == 0) not_found.push_back(name);
     }
     if (!not_found.empty())
-      TORCH_WARN(
+      MIXPREC_WARN(
           "Trainer: the checkpoint holds the state of callbacks this run does not have, "
           "ignored: ",
           c10::Join(", ", not_found));
@@ -466,6 +477,13 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
                               ? std::optional(log::NumericsMonitorOptions{
                                     .every_n_steps = args_.numerics_monitor_steps})
                               : std::nullopt});
+  // As HF's: log_level on the main process (of each node, with log_on_each_node),
+  // log_level_replica on the others; "passive" leaves the verbosity as it is.
+  const std::string& level = (args_.log_on_each_node ? accelerator_->is_local_main_process()
+                                                     : accelerator_->is_main_process())
+                                 ? args_.log_level
+                                 : args_.log_level_replica;
+  if (level != "passive") log::set_verbosity(log::level_from_name(level));
   accelerator_->register_for_checkpointing(impl_->position);
   state_.is_local_process_zero = accelerator_->is_local_main_process();
   state_.is_world_process_zero = accelerator_->is_main_process();
@@ -498,8 +516,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   } free_memory{acc};
   if (!resume_from_checkpoint) resume_from_checkpoint = args_.resume_from_checkpoint;
   if (acc.is_main_process() && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
-    TORCH_WARN("Trainer: removed checkpoint folders a killed run left unfinished in ",
-               args_.output_dir);
+    MIXPREC_WARN("Trainer: removed checkpoint folders a killed run left unfinished in ",
+                 args_.output_dir);
   const bool resume_last = resume_from_checkpoint == "last";
   if (resume_last) {
     const auto last = io::last_good_checkpoint(args_.output_dir);
@@ -625,11 +643,11 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       position.state = {step / updates_per_epoch,
                         step % updates_per_epoch * args_.gradient_accumulation_steps};
       position.saved_global_batch.reset();
-      TORCH_WARN("Trainer: ", dir.string(),
-                 " holds the model only (saved with save_only_model): the optimizer's state, "
-                 "the loss scale and the random generators start afresh; the schedule and the "
-                 "data go on from step ",
-                 step);
+      MIXPREC_WARN("Trainer: ", dir.string(),
+                   " holds the model only (saved with save_only_model): the optimizer's state, "
+                   "the loss scale and the random generators start afresh; the schedule and the "
+                   "data go on from step ",
+                   step);
     }
     // As HF's: the epoch starts again from its first batch; after its last, the next does.
     if (args_.ignore_data_skip)
@@ -640,15 +658,17 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     // together changed (another batch size or number of processes).
     if (position.state.batches_yielded > 0 && position.saved_global_batch &&
         *position.saved_global_batch != position.global_batch)
-      TORCH_WARN("Trainer: ", *resume_from_checkpoint, " stopped mid-epoch with a batch of ",
-                 *position.saved_global_batch, " samples on all processes together; this run's is ",
-                 position.global_batch, " (per_device_train_batch_size ",
-                 args_.per_device_train_batch_size, " x ", acc.num_processes(),
-                 " processes), so the rest of the epoch can repeat or skip "
-                 "samples");
+      MIXPREC_WARN("Trainer: ", *resume_from_checkpoint, " stopped mid-epoch with a batch of ",
+                   *position.saved_global_batch,
+                   " samples on all processes together; this run's is ", position.global_batch,
+                   " (per_device_train_batch_size ", args_.per_device_train_batch_size, " x ",
+                   acc.num_processes(),
+                   " processes), so the rest of the epoch can repeat or skip "
+                   "samples");
     if (state_.best_model_checkpoint && !fs::exists(*state_.best_model_checkpoint)) {
-      TORCH_WARN("Trainer: the best checkpoint ", *state_.best_model_checkpoint,
-                 " recorded in the resumed state does not exist anymore; ignoring it for this run");
+      MIXPREC_WARN(
+          "Trainer: the best checkpoint ", *state_.best_model_checkpoint,
+          " recorded in the resumed state does not exist anymore; ignoring it for this run");
       state_.best_model_checkpoint.reset();
     }
     // This run's length, as HF's init_training_references (a resumed run may train longer).
@@ -668,6 +688,30 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     TrainerState probe;
     probe.stateful_callbacks = impl.callback_states();
     (void)probe.to_json();
+  }
+  {
+    int64_t trainable = 0;
+    for (const auto& p : impl.module->parameters())
+      if (p.requires_grad()) trainable += p.numel();
+    const int64_t accumulation = args_.gradient_accumulation_steps;
+    log::info("***** Running training *****");
+    log::info("  Num examples = ", with_commas(static_cast<int64_t>(impl.train_dataset->size())));
+    log::info("  Num Epochs = ", with_commas(num_epochs));
+    log::info("  Num update steps per epoch = ", with_commas(updates_per_epoch));
+    log::info("  Instantaneous batch size per device = ",
+              with_commas(args_.per_device_train_batch_size));
+    log::info("  Total train batch size (w. parallel, distributed & accumulation) = ",
+              with_commas(args_.per_device_train_batch_size * accumulation * acc.num_processes()));
+    log::info("  Gradient Accumulation steps = ", accumulation);
+    log::info("  Total optimization steps = ", with_commas(max_steps));
+    log::info("  Number of trainable parameters = ", with_commas(trainable));
+    if (resume_from_checkpoint) {
+      log::info("  Resuming training from checkpoint with epoch ", loader.epoch(),
+                " and global step ", state_.global_step);
+      if (!args_.ignore_data_skip)
+        log::info("  Fast-forwarding the dataloader past ", loader.epoch(), " epochs and ",
+                  loader.batches_yielded(), " batches to resume from the exact training state.");
+    }
   }
   const StopSignals stop_signals;
   int stopped_by = 0;
@@ -936,14 +980,20 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   log_in_place(output.metrics);
   // Then, as HF's _finalize_training: the best model, and with save_total_limit 1 only the best
   // checkpoint stays.
+  log::info("\n\nTraining completed.\n\n");
   if (args_.load_best_model_at_end && state_.best_model_checkpoint && !stopped_by) {
+    log::info("Loading best model from ", *state_.best_model_checkpoint,
+              " (score: ", state_.best_metric.value_or(NAN), ").");
     const auto file = fs::path(*state_.best_model_checkpoint) / "model.safetensors";
     io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
   }
   if (args_.save_total_limit == 1 && state_.best_model_checkpoint && !stopped_by &&
       acc.is_main_process())
     for (const auto& [step, dir] : io::checkpoints(args_.output_dir))
-      if (!same_folder(dir, *state_.best_model_checkpoint)) io::remove_old_checkpoint(dir);
+      if (!same_folder(dir, *state_.best_model_checkpoint)) {
+        log::info("Deleting older checkpoint [", dir.string(), "] due to args.save_total_limit");
+        io::remove_old_checkpoint(dir);
+      }
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_end(a, s, c); });
   acc.end_training();
   impl.trackers_open = false;
@@ -958,6 +1008,7 @@ void Trainer::save_checkpoint(bool model_only) {
     state_.best_model_checkpoint = dir.string();
   store_flos();
   state_.stateful_callbacks = impl_->callback_states();
+  log::info("Saving model checkpoint to ", dir.string());
   acc.save_state(
       dir.string(),
       {{"trainer_state.json", state_.to_json()}, {"training_args.json", args_.to_json()}},
@@ -985,6 +1036,7 @@ void Trainer::rotate_checkpoints(int64_t limit) const {
   for (const auto& [step, dir] : checkpoints) {
     if (left <= keep) break;
     if (kept(dir)) continue;
+    log::info("Deleting older checkpoint [", dir.string(), "] due to args.save_total_limit");
     io::remove_old_checkpoint(dir);
     --left;
   }
@@ -1028,14 +1080,14 @@ void Trainer::count_tokens_and_flos(const data::Batch& batch, int64_t flos_param
         6.0 * static_cast<double>(ids->second.numel()) * static_cast<double>(flos_parameters);
   if (args_.include_num_input_tokens_seen == "no") return;
   if (ids == batch.end()) {
-    TORCH_WARN_ONCE(
+    MIXPREC_WARN_ONCE(
         "Trainer: include_num_input_tokens_seen counts input_ids, which the batches "
         "do not hold; no tokens are counted");
     return;
   }
   const auto mask = batch.find("attention_mask");
   if (args_.include_num_input_tokens_seen == "non_padding" && mask == batch.end()) {
-    TORCH_WARN_ONCE(
+    MIXPREC_WARN_ONCE(
         "Trainer: include_num_input_tokens_seen \"non_padding\" counts "
         "attention_mask's ones, which the batches do not hold; counting every token");
   }
@@ -1127,6 +1179,9 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   const auto loader_ptr =
       std::make_shared<data::DataLoader>(std::move(dataset), loader_options, impl.collate);
   data::DataLoader& loader = *loader_ptr;
+  log::info("\n***** Running ", predicting ? "Prediction" : "Evaluation", " *****");
+  log::info("  Num examples = ", loader.dataset()->size());
+  log::info("  Batch size = ", args_.per_device_eval_batch_size);
   impl.eval_loader = loader_ptr;
   impl.kwargs.eval_dataloader = loader_ptr.get();
   const auto start = std::chrono::steady_clock::now();

@@ -83,6 +83,9 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("full_determinism", a.full_determinism),
       argument("data_seed", a.data_seed),
       argument("train_sampling_strategy", a.train_sampling_strategy),
+      argument("log_level", a.log_level),
+      argument("log_level_replica", a.log_level_replica),
+      argument("log_on_each_node", a.log_on_each_node),
       argument("length_column_name", a.length_column_name),
       argument("dataloader_num_workers", a.dataloader_num_workers),
       argument("dataloader_drop_last", a.dataloader_drop_last),
@@ -159,6 +162,12 @@ void TrainingArguments::validate() {
               "TrainingArguments: train_sampling_strategy '", train_sampling_strategy,
               "' is not one of \"random\", \"sequential\", \"group_by_length\", "
               "\"batch_rebalance\"");
+  for (const std::string* level : {&log_level, &log_level_replica})
+    TORCH_CHECK(one_of(*level, {"passive", "debug", "info", "warning", "error", "critical"}),
+                "TrainingArguments: ", level == &log_level ? "log_level" : "log_level_replica",
+                " '", *level,
+                "' is not one of \"passive\", \"debug\", \"info\", \"warning\", \"error\", "
+                "\"critical\"");
   // HF ignores other names; a typo here would silently give compute_metrics nothing.
   for (const auto& name : include_for_metrics)
     TORCH_CHECK(one_of(name, {"inputs", "loss"}), "TrainingArguments: include_for_metrics '", name,

@@ -3,6 +3,7 @@
 // Every rank runs every test, in the same order, so collectives pair up.
 #include "mixprec/accelerate/accelerator.h"
 #include "mixprec/io/checkpoint.h"
+#include "mixprec/log/logging.h"
 #include "mixprec/models/gpt2.h"
 #include "mixprec/models/mlp_classifier.h"
 #include "mixprec/optim/adamw.h"
@@ -53,6 +54,17 @@ std::filesystem::path shared_temp_dir(Accelerator& accelerator, const std::strin
 void expect_same_on_every_rank(Accelerator& accelerator, const at::Tensor& t) {
   auto all = accelerator.gather(t.unsqueeze(0));
   for (int64_t r = 1; r < all.size(0); ++r) EXPECT_TRUE(torch::equal(all[r], all[0])) << r;
+}
+
+// n samples of 4 random features and one of 3 labels, for the Trainer's tests.
+std::shared_ptr<mixprec::data::TensorDataset> pixels_dataset(int64_t n) {
+  return std::make_shared<mixprec::data::TensorDataset>(std::map<std::string, at::Tensor>{
+      {"pixels", torch::randn({n, 4})}, {"labels", torch::randint(0, 3, {n})}});
+}
+
+mixprec::models::MLPClassifier small_classifier() {
+  return mixprec::models::MLPClassifier(
+      mixprec::models::MLPClassifierOptions{.in_features = 4, .hidden = 8, .num_labels = 3});
 }
 
 class DataParallel : public ::testing::Test {
@@ -266,10 +278,8 @@ TEST_F(DataParallel, SplitBatchesDividesEachBatchAmongTheProcesses) {
 // it steps once per update on every rank, not once per process.
 TEST_F(DataParallel, TrainerStepsItsScheduleOncePerUpdate) {
   torch::manual_seed(0);
-  auto data = std::make_shared<mixprec::data::TensorDataset>(std::map<std::string, at::Tensor>{
-      {"pixels", torch::randn({32, 4})}, {"labels", torch::randint(0, 3, {32})}});
-  mixprec::models::MLPClassifier model(
-      mixprec::models::MLPClassifierOptions{.in_features = 4, .hidden = 8, .num_labels = 3});
+  auto data = pixels_dataset(32);
+  auto model = small_classifier();
   mixprec::TrainingArguments args;
   args.output_dir =
       (std::filesystem::temp_directory_path() / ("mixprec_dp_trainer_" + std::to_string(getpid())))
@@ -287,6 +297,23 @@ TEST_F(DataParallel, TrainerStepsItsScheduleOncePerUpdate) {
   ASSERT_EQ(lrs.size(), 4u);  // each step's lr, linear from 0.1 to 0 over the 4 steps
   for (size_t i = 0; i < lrs.size(); ++i) EXPECT_NEAR(lrs[i], 0.1 * (4.0 - i) / 4, 1e-12) << i;
   std::filesystem::remove_all(args.output_dir);
+}
+
+// HF's log levels: log_level on the main process, log_level_replica on the others.
+TEST_F(DataParallel, TrainerSetsTheMainAndReplicaLogLevels) {
+  const auto saved = mixprec::log::get_verbosity();
+  auto data = pixels_dataset(8);
+  auto model = small_classifier();
+  mixprec::TrainingArguments args;
+  args.output_dir = shared_temp_dir(accelerator, "mixprec_dp_log_level_").string();
+  args.save_strategy = "no";
+  args.log_level = "info";
+  args.log_level_replica = "error";
+  mixprec::Trainer trainer(model, args, data);
+  EXPECT_EQ(mixprec::log::get_verbosity(), accelerator.is_main_process()
+                                               ? mixprec::log::Level::kInfo
+                                               : mixprec::log::Level::kError);
+  mixprec::log::set_verbosity(saved);
 }
 
 // One backward with each compression, from the same weights and data: the
@@ -669,10 +696,8 @@ TEST_F(DataParallel, TrainerStopsEveryProcessOnASignalToOne) {
   auto callback = std::make_shared<SignalAtStep>();
   callback->rank = accelerator.process_index();
   torch::manual_seed(0);
-  auto data = std::make_shared<mixprec::data::TensorDataset>(std::map<std::string, at::Tensor>{
-      {"pixels", torch::randn({64, 4})}, {"labels", torch::randint(0, 3, {64})}});
-  mixprec::models::MLPClassifier model(
-      mixprec::models::MLPClassifierOptions{.in_features = 4, .hidden = 8, .num_labels = 3});
+  auto data = pixels_dataset(64);
+  auto model = small_classifier();
   mixprec::TrainingArguments args;
   args.output_dir = shared_temp_dir(accelerator, "mixprec_dp_signal_").string();
   args.max_steps = 8;

@@ -119,11 +119,19 @@ disable_tqdm: true
   EXPECT_EQ(args.at("num_train_epochs").get<double>(), 3.0);
   EXPECT_TRUE(args.at("bf16").get<bool>());
 
+  EXPECT_EQ(out.find("***** Running training *****"), std::string::npos) << out;  // warning level
+
   // Nothing made the output folder (no checkpoint, no tracker): the model goes there still.
-  const std::string bare =
-      run("train --config run.yaml --output_dir bare --save_strategy no --report_to none", &code);
+  // MIXPREC_VERBOSITY=info (transformers' TRANSFORMERS_VERBOSITY) shows HF's run summary.
+  const std::string bare = mixprec::testing::run_command(
+      "cd " + dir_.string() +
+          " && MIXPREC_VERBOSITY=info " MIXPREC_CLI
+          " train --config run.yaml --output_dir bare --save_strategy no --report_to none 2>&1",
+      &code);
   ASSERT_EQ(code, 0) << bare;
   EXPECT_TRUE(fs::exists(dir_ / "bare" / "model.safetensors"));
+  EXPECT_NE(bare.find("***** Running training *****\n  Num examples = 300\n"), std::string::npos)
+      << bare;
 }
 
 TEST_F(MixprecCommand, PrecisionReportComparesThePrecisionsAndRecommendsOne) {

@@ -3,6 +3,7 @@
 #include "mixprec/data/synthetic.h"
 #include "mixprec/io/checkpoint.h"
 #include "mixprec/io/safetensors.h"
+#include "mixprec/log/logging.h"
 #include "mixprec/models/gpt2.h"
 
 #include "models/tiny_gpt2.h"
@@ -1332,6 +1333,44 @@ TEST_F(TrainerTest, SeveralLabelNamesGiveEachOnesLabels) {
   EXPECT_FALSE(none.count("eval_loss") || none.count("eval_accuracy"));
   EXPECT_TRUE(seen.empty());
   EXPECT_FALSE(without.predict(eval_).label_ids.defined());
+}
+
+// log_level "info": HF's summary of the run, of each evaluation and of the checkpoints saved
+// and deleted, on stderr. The level is the process's verbosity, as HF's set_verbosity, which
+// "passive" leaves as it is.
+TEST_F(TrainerTest, LogLevelInfoSaysWhatHFsTrainerSays) {
+  const auto saved = mixprec::log::get_verbosity();
+  auto a = args("log_info");
+  a.log_level = "info";
+  a.save_total_limit = 1;
+  Classifier model;
+  ::testing::internal::CaptureStderr();
+  Trainer trainer(model, a, train_, eval_, accuracy);
+  trainer.train();
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  const std::string out = a.output_dir;
+  for (const std::string& lines : std::vector<std::string>{
+           "***** Running training *****\n  Num examples = 160\n  Num Epochs = 4\n  Num update "
+           "steps "
+           "per epoch = 10\n  Instantaneous batch size per device = 16\n  Total train batch size "
+           "(w. "
+           "parallel, distributed & accumulation) = 16\n  Gradient Accumulation steps = 1\n  Total "
+           "optimization steps = 40\n  Number of trainable parameters = 387\n",
+           "\n***** Running Evaluation *****\n  Num examples = 64\n  Batch size = 32\n",
+           "Saving model checkpoint to " + out + "/checkpoint-20\n",
+           "Deleting older checkpoint [" + out + "/checkpoint-10] due to args.save_total_limit\n",
+           std::string("\n\nTraining completed.\n\n")})
+    EXPECT_NE(err.find(lines), std::string::npos) << lines << "\nnot in:\n" << err;
+  EXPECT_EQ(mixprec::log::get_verbosity(), mixprec::log::Level::kInfo);
+
+  a.log_level = "passive";
+  mixprec::log::set_verbosity(mixprec::log::Level::kError);
+  Trainer passive(model, a, train_, eval_, accuracy);
+  EXPECT_EQ(mixprec::log::get_verbosity(), mixprec::log::Level::kError);
+  ::testing::internal::CaptureStderr();
+  passive.evaluate();
+  EXPECT_EQ(::testing::internal::GetCapturedStderr().find("Running Evaluation"), std::string::npos);
+  mixprec::log::set_verbosity(saved);
 }
 
 TEST_F(TrainerTest, ClearErrors) {

@@ -130,6 +130,14 @@ struct TrainingArguments {
   bool restore_callback_states_from_checkpoint = false;
   /// Defaults to off when stdout is a terminal, on otherwise.
   std::optional<bool> disable_tqdm = std::nullopt;
+  /// HF's: mixprec's verbosity (log::set_verbosity) on the main process from the Trainer's
+  /// constructor on: "debug", "info" (HF's "***** Running training *****" summary, evaluations,
+  /// checkpoints saved and deleted), "warning", "error", "critical", or "passive" (as it is:
+  /// warning unless log::set_verbosity or MIXPREC_VERBOSITY said otherwise).
+  std::string log_level = "passive";
+  std::string log_level_replica = "warning";  // the same on the other processes
+  /// log_level on each node's main process, else on process 0's only.
+  bool log_on_each_node = true;
   bool use_cpu = false;
   /// The batch keys that hold labels (default {"labels"}): they keep their dtype when inputs go
   /// 16-bit; in evaluation, only a batch that holds them all has labels and a loss (HF's

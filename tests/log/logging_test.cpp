@@ -1,0 +1,58 @@
+#include "mixprec/log/logging.h"
+
+#include "test_util.h"
+
+#include <gtest/gtest.h>
+
+namespace {
+
+using mixprec::log::Level;
+
+// Restores the process's verbosity, whatever a test sets.
+struct VerbosityGuard {
+  Level saved = mixprec::log::get_verbosity();
+  ~VerbosityGuard() { mixprec::log::set_verbosity(saved); }
+};
+
+TEST(Logging, LevelsByName) {
+  EXPECT_EQ(mixprec::log::level_from_name("debug"), Level::kDebug);
+  EXPECT_EQ(mixprec::log::level_from_name("info"), Level::kInfo);
+  EXPECT_EQ(mixprec::log::level_from_name("warning"), Level::kWarning);
+  EXPECT_EQ(mixprec::log::level_from_name("error"), Level::kError);
+  EXPECT_EQ(mixprec::log::level_from_name("critical"), Level::kCritical);
+  EXPECT_EQ(mixprec::testing::error_of([] { mixprec::log::level_from_name("verbose"); }),
+            "log level 'verbose' is not one of \"debug\", \"info\", \"warning\", \"error\", "
+            "\"critical\"");
+}
+
+// Warnings reach LibTorch's handler from kWarning down; info messages go to stderr from kInfo
+// down.
+TEST(Logging, VerbosityGatesWarningsAndInfo) {
+  VerbosityGuard guard;
+  mixprec::log::set_verbosity(Level::kError);
+  {
+    mixprec::testing::CapturedWarnings warnings;
+    MIXPREC_WARN("hidden ", 1);
+    EXPECT_TRUE(warnings.messages.empty());
+  }
+  ::testing::internal::CaptureStderr();
+  mixprec::log::info("hidden ", 2);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+
+  mixprec::log::set_verbosity(Level::kWarning);
+  {
+    mixprec::testing::CapturedWarnings warnings;
+    MIXPREC_WARN("shown ", 3);
+    EXPECT_EQ(warnings.messages, std::vector<std::string>{"shown 3"});
+  }
+  ::testing::internal::CaptureStderr();
+  mixprec::log::info("hidden ", 4);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "");
+
+  mixprec::log::set_verbosity(Level::kInfo);
+  ::testing::internal::CaptureStderr();
+  mixprec::log::info("shown ", 5);
+  EXPECT_EQ(::testing::internal::GetCapturedStderr(), "shown 5\n");
+}
+
+}  // namespace
