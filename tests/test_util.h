@@ -1,6 +1,8 @@
 // Helpers shared by the test suites.
 #pragma once
 
+#include "mixprec/log/logging.h"
+
 #include <ATen/ATen.h>
 #include <ATen/record_function.h>
 #include <c10/util/Exception.h>
@@ -57,6 +59,12 @@ inline constexpr bool kAddressSanitizer = true;
 #else
 inline constexpr bool kAddressSanitizer = false;
 #endif
+
+/// Restores mixprec's verbosity (log::set_verbosity) when it goes, whatever the test set.
+struct VerbosityGuard {
+  mixprec::log::Level saved = mixprec::log::get_verbosity();
+  ~VerbosityGuard() { mixprec::log::set_verbosity(saved); }
+};
 
 /// The message of every warning raised on this thread while it lives.
 class CapturedWarnings : public c10::WarningHandler {

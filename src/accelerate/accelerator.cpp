@@ -676,8 +676,9 @@ Accelerator::GoesFirstGuard::~GoesFirstGuard() {
   try {
     accelerator_.wait_for_everyone();
   } catch (const std::exception& e) {
-    MIXPREC_WARN("Accelerator::main_process_first: the other processes did not reach the barrier (",
-                 e.what(), "); the processes are out of step, and the next collective will fail");
+    // Whatever the verbosity: the next collective fails because of it.
+    TORCH_WARN("Accelerator::main_process_first: the other processes did not reach the barrier (",
+               e.what(), "); the processes are out of step, and the next collective will fail");
   }
 }
 

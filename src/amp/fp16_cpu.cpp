@@ -266,11 +266,12 @@ struct NotCovered;
 template <const char* Name, typename R, typename... Args, R (*Original)(Args...)>
 struct NotCovered<Name, Original> {
   static R call(Args... args) {
+    // The verbosity first: a warning hidden now is shown once it is let through.
     if ((is_half(args) || ...) && wants_fast_path(g_path.load(std::memory_order_relaxed)) &&
-        !warned.exchange(true))
-      MIXPREC_WARN("mixprec: fp16 on the CPU: aten::", Name,
-                   " has no mixprec fast path; it runs LibTorch's own fp16 kernel, at LibTorch's "
-                   "fp16 speed (slow on CPUs without FP16 arithmetic). Shown once per op.");
+        log::enabled(log::Level::kWarning) && !warned.exchange(true))
+      TORCH_WARN("mixprec: fp16 on the CPU: aten::", Name,
+                 " has no mixprec fast path; it runs LibTorch's own fp16 kernel, at LibTorch's "
+                 "fp16 speed (slow on CPUs without FP16 arithmetic). Shown once per op.");
     return Original(std::forward<Args>(args)...);
   }
   static inline std::atomic<bool> warned{false};

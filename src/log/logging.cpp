@@ -10,8 +10,10 @@ namespace mixprec::log {
 
 namespace {
 
-constexpr std::array<std::pair<std::string_view, Level>, 5> kLevels{
-    {{"debug", Level::kDebug},
+// transformers' names; its "detail" is debug with the file and line (here debug).
+constexpr std::array<std::pair<std::string_view, Level>, 6> kLevels{
+    {{"detail", Level::kDebug},
+     {"debug", Level::kDebug},
      {"info", Level::kInfo},
      {"warning", Level::kWarning},
      {"error", Level::kError},
@@ -24,7 +26,7 @@ Level from_environment() {
     if (n == name) return level;
   // As transformers with a bad TRANSFORMERS_VERBOSITY: a warning, and the default.
   TORCH_WARN("MIXPREC_VERBOSITY '", name,
-             "' is not one of debug, info, warning, error, critical; using warning");
+             "' is not one of detail, debug, info, warning, error, critical; using warning");
   return Level::kWarning;
 }
 
@@ -43,7 +45,8 @@ Level level_from_name(std::string_view name) {
   for (const auto& [n, level] : kLevels)
     if (n == name) return level;
   TORCH_CHECK(false, "log level '", name,
-              "' is not one of \"debug\", \"info\", \"warning\", \"error\", \"critical\"");
+              "' is not one of \"detail\", \"debug\", \"info\", \"warning\", \"error\", "
+              "\"critical\"");
 }
 
 void write_info(const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); }

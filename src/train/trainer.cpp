@@ -690,9 +690,11 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     (void)probe.to_json();
   }
   {
-    int64_t trainable = 0;
+    int64_t trainable = 0;  // each tensor once, tied ones too (HF's get_model_param_count)
+    std::set<const void*> counted;
     for (const auto& p : impl.module->parameters())
-      if (p.requires_grad()) trainable += p.numel();
+      if (p.requires_grad() && counted.insert(p.unsafeGetTensorImpl()).second)
+        trainable += p.numel();
     const int64_t accumulation = args_.gradient_accumulation_steps;
     log::info("***** Running training *****");
     log::info("  Num examples = ", with_commas(static_cast<int64_t>(impl.train_dataset->size())));
@@ -977,10 +979,10 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
                       {"train_loss", train_loss}}};
   output.stopped_by_signal = stopped_by;
   measured.stop_and_update_metrics(&output.metrics);
+  log::info("\n\nTraining completed.\n\n");
   log_in_place(output.metrics);
   // Then, as HF's _finalize_training: the best model, and with save_total_limit 1 only the best
   // checkpoint stays.
-  log::info("\n\nTraining completed.\n\n");
   if (args_.load_best_model_at_end && state_.best_model_checkpoint && !stopped_by) {
     log::info("Loading best model from ", *state_.best_model_checkpoint,
               " (score: ", state_.best_metric.value_or(NAN), ").");
@@ -1008,7 +1010,7 @@ void Trainer::save_checkpoint(bool model_only) {
     state_.best_model_checkpoint = dir.string();
   store_flos();
   state_.stateful_callbacks = impl_->callback_states();
-  log::info("Saving model checkpoint to ", dir.string());
+  if (acc.is_main_process()) log::info("Saving model checkpoint to ", dir.string());
   acc.save_state(
       dir.string(),
       {{"trainer_state.json", state_.to_json()}, {"training_args.json", args_.to_json()}},

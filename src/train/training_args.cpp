@@ -163,11 +163,12 @@ void TrainingArguments::validate() {
               "' is not one of \"random\", \"sequential\", \"group_by_length\", "
               "\"batch_rebalance\"");
   for (const std::string* level : {&log_level, &log_level_replica})
-    TORCH_CHECK(one_of(*level, {"passive", "debug", "info", "warning", "error", "critical"}),
-                "TrainingArguments: ", level == &log_level ? "log_level" : "log_level_replica",
-                " '", *level,
-                "' is not one of \"passive\", \"debug\", \"info\", \"warning\", \"error\", "
-                "\"critical\"");
+    TORCH_CHECK(
+        one_of(*level, {"passive", "detail", "debug", "info", "warning", "error", "critical"}),
+        "TrainingArguments: ", level == &log_level ? "log_level" : "log_level_replica", " '",
+        *level,
+        "' is not one of \"passive\", \"detail\", \"debug\", \"info\", \"warning\", \"error\", "
+        "\"critical\"");
   // HF ignores other names; a typo here would silently give compute_metrics nothing.
   for (const auto& name : include_for_metrics)
     TORCH_CHECK(one_of(name, {"inputs", "loss"}), "TrainingArguments: include_for_metrics '", name,

@@ -301,7 +301,7 @@ TEST_F(DataParallel, TrainerStepsItsScheduleOncePerUpdate) {
 
 // HF's log levels: log_level on the main process, log_level_replica on the others.
 TEST_F(DataParallel, TrainerSetsTheMainAndReplicaLogLevels) {
-  const auto saved = mixprec::log::get_verbosity();
+  mixprec::testing::VerbosityGuard guard;
   auto data = pixels_dataset(8);
   auto model = small_classifier();
   mixprec::TrainingArguments args;
@@ -313,7 +313,6 @@ TEST_F(DataParallel, TrainerSetsTheMainAndReplicaLogLevels) {
   EXPECT_EQ(mixprec::log::get_verbosity(), accelerator.is_main_process()
                                                ? mixprec::log::Level::kInfo
                                                : mixprec::log::Level::kError);
-  mixprec::log::set_verbosity(saved);
 }
 
 // One backward with each compression, from the same weights and data: the

@@ -8,27 +8,23 @@ namespace {
 
 using mixprec::log::Level;
 
-// Restores the process's verbosity, whatever a test sets.
-struct VerbosityGuard {
-  Level saved = mixprec::log::get_verbosity();
-  ~VerbosityGuard() { mixprec::log::set_verbosity(saved); }
-};
-
 TEST(Logging, LevelsByName) {
+  EXPECT_EQ(mixprec::log::level_from_name("detail"), Level::kDebug);
   EXPECT_EQ(mixprec::log::level_from_name("debug"), Level::kDebug);
   EXPECT_EQ(mixprec::log::level_from_name("info"), Level::kInfo);
   EXPECT_EQ(mixprec::log::level_from_name("warning"), Level::kWarning);
   EXPECT_EQ(mixprec::log::level_from_name("error"), Level::kError);
   EXPECT_EQ(mixprec::log::level_from_name("critical"), Level::kCritical);
-  EXPECT_EQ(mixprec::testing::error_of([] { mixprec::log::level_from_name("verbose"); }),
-            "log level 'verbose' is not one of \"debug\", \"info\", \"warning\", \"error\", "
-            "\"critical\"");
+  EXPECT_EQ(
+      mixprec::testing::error_of([] { mixprec::log::level_from_name("verbose"); }),
+      "log level 'verbose' is not one of \"detail\", \"debug\", \"info\", \"warning\", \"error\", "
+      "\"critical\"");
 }
 
 // Warnings reach LibTorch's handler from kWarning down; info messages go to stderr from kInfo
 // down.
 TEST(Logging, VerbosityGatesWarningsAndInfo) {
-  VerbosityGuard guard;
+  mixprec::testing::VerbosityGuard guard;
   mixprec::log::set_verbosity(Level::kError);
   {
     mixprec::testing::CapturedWarnings warnings;

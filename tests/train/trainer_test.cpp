@@ -1339,7 +1339,7 @@ TEST_F(TrainerTest, SeveralLabelNamesGiveEachOnesLabels) {
 // and deleted, on stderr. The level is the process's verbosity, as HF's set_verbosity, which
 // "passive" leaves as it is.
 TEST_F(TrainerTest, LogLevelInfoSaysWhatHFsTrainerSays) {
-  const auto saved = mixprec::log::get_verbosity();
+  mixprec::testing::VerbosityGuard guard;
   auto a = args("log_info");
   a.log_level = "info";
   a.save_total_limit = 1;
@@ -1361,7 +1361,30 @@ TEST_F(TrainerTest, LogLevelInfoSaysWhatHFsTrainerSays) {
            "Deleting older checkpoint [" + out + "/checkpoint-10] due to args.save_total_limit\n",
            std::string("\n\nTraining completed.\n\n")})
     EXPECT_NE(err.find(lines), std::string::npos) << lines << "\nnot in:\n" << err;
+  auto count = [&](const std::string& text) {
+    size_t n = 0;
+    for (auto at = err.find(text); at != std::string::npos; at = err.find(text, at + 1)) ++n;
+    return n;
+  };
+  EXPECT_EQ(count("***** Running training *****"), 1u);
+  EXPECT_EQ(count("***** Running Evaluation *****"), 4u);  // one an epoch
+  EXPECT_EQ(count("Saving model checkpoint to "), 4u);
   EXPECT_EQ(mixprec::log::get_verbosity(), mixprec::log::Level::kInfo);
+
+  // Numbers as Python's f"{n:,}".
+  auto many = mixprec::data::make_classification(
+      {.n_samples = 1200, .n_features = 6, .n_classes = 3, .class_sep = 2.0, .seed = 3});
+  auto b = args("log_many");
+  b.log_level = "info";
+  b.max_steps = 1;
+  b.eval_strategy = b.save_strategy = "no";
+  ::testing::internal::CaptureStderr();
+  Trainer(model, b,
+          std::make_shared<mixprec::data::TensorDataset>(
+              std::map<std::string, at::Tensor>{{"x", many.x}, {"labels", many.labels}}))
+      .train();
+  EXPECT_NE(::testing::internal::GetCapturedStderr().find("  Num examples = 1,200\n"),
+            std::string::npos);
 
   a.log_level = "passive";
   mixprec::log::set_verbosity(mixprec::log::Level::kError);
@@ -1370,7 +1393,6 @@ TEST_F(TrainerTest, LogLevelInfoSaysWhatHFsTrainerSays) {
   ::testing::internal::CaptureStderr();
   passive.evaluate();
   EXPECT_EQ(::testing::internal::GetCapturedStderr().find("Running Evaluation"), std::string::npos);
-  mixprec::log::set_verbosity(saved);
 }
 
 TEST_F(TrainerTest, ClearErrors) {

@@ -289,7 +289,8 @@ TEST(TrainingArguments, ClearErrors) {
             "TrainingArguments: train_sampling_strategy 'batch_rebalance' is not supported by "
             "mixprec; use \"random\", \"sequential\" or \"group_by_length\"");
   EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"log_level_replica": "verbose"})"); }),
-            "TrainingArguments: log_level_replica 'verbose' is not one of \"passive\", \"debug\", "
+            "TrainingArguments: log_level_replica 'verbose' is not one of \"passive\", \"detail\", "
+            "\"debug\", "
             "\"info\", \"warning\", \"error\", \"critical\"");
   EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"include_for_metrics": ["input"]})"); }),
             "TrainingArguments: include_for_metrics 'input' is not one of \"inputs\", \"loss\"");

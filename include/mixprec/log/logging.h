@@ -17,7 +17,8 @@ enum class Level : int { kDebug = 10, kInfo = 20, kWarning = 30, kError = 40, kC
 /// TRANSFORMERS_VERBOSITY), else kWarning.
 Level get_verbosity();
 void set_verbosity(Level level);
-/// "debug", "info", "warning", "error" or "critical"; another name is an error that lists them.
+/// "debug" (or transformers' "detail"), "info", "warning", "error" or "critical"; another name is
+/// an error that lists them.
 Level level_from_name(std::string_view name);
 inline bool enabled(Level level) { return get_verbosity() <= level; }
 

@@ -141,7 +141,8 @@ struct TrainingArguments {
   bool use_cpu = false;
   /// The batch keys that hold labels (default {"labels"}): they keep their dtype when inputs go
   /// 16-bit; in evaluation, only a batch that holds them all has labels and a loss (HF's
-  /// has_labels), and EvalPrediction::all_label_ids gets each one's (label_ids the first's).
+  /// has_labels; so an empty list means no eval loss, as HF's for a model without return_loss),
+  /// and EvalPrediction::all_label_ids gets each one's (label_ids the first's).
   std::optional<std::vector<std::string>> label_names = std::nullopt;
   std::optional<std::string> run_name = std::nullopt;
   /// Without it, train(), evaluate() and predict() add the process's resident memory that each
