@@ -81,15 +81,18 @@ std::optional<int64_t> count_label_tokens(std::span<const data::Batch> batches,
   return count;
 }
 
-// HF's num_parameters(exclude_embeddings=True): each parameter once, embedding tables left out.
-int64_t non_embedding_parameters(torch::nn::Module& module) {
+// HF's num_parameters(only_trainable, exclude_embeddings): each parameter once (tied ones too),
+// those not trained or the embedding tables left out if asked.
+int64_t num_parameters(torch::nn::Module& module, bool only_trainable, bool exclude_embeddings) {
   std::set<const c10::TensorImpl*> left_out;
-  for (const auto& m : module.modules())
-    if (const auto* embedding = m->as<torch::nn::EmbeddingImpl>())
-      left_out.insert(embedding->weight.unsafeGetTensorImpl());
+  if (exclude_embeddings)
+    for (const auto& m : module.modules())
+      if (const auto* embedding = m->as<torch::nn::EmbeddingImpl>())
+        left_out.insert(embedding->weight.unsafeGetTensorImpl());
   int64_t count = 0;
   for (const auto& p : module.parameters())
-    if (left_out.insert(p.unsafeGetTensorImpl()).second) count += p.numel();
+    if ((!only_trainable || p.requires_grad()) && left_out.insert(p.unsafeGetTensorImpl()).second)
+      count += p.numel();
   return count;
 }
 
@@ -690,11 +693,6 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     (void)probe.to_json();
   }
   {
-    int64_t trainable = 0;  // each tensor once, tied ones too (HF's get_model_param_count)
-    std::set<const void*> counted;
-    for (const auto& p : impl.module->parameters())
-      if (p.requires_grad() && counted.insert(p.unsafeGetTensorImpl()).second)
-        trainable += p.numel();
     const int64_t accumulation = args_.gradient_accumulation_steps;
     log::info("***** Running training *****");
     log::info("  Num examples = ", with_commas(static_cast<int64_t>(impl.train_dataset->size())));
@@ -706,7 +704,9 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
               with_commas(args_.per_device_train_batch_size * accumulation * acc.num_processes()));
     log::info("  Gradient Accumulation steps = ", accumulation);
     log::info("  Total optimization steps = ", with_commas(max_steps));
-    log::info("  Number of trainable parameters = ", with_commas(trainable));
+    log::info("  Number of trainable parameters = ",
+              with_commas(num_parameters(*impl.module, /*only_trainable=*/true,
+                                         /*exclude_embeddings=*/false)));
     if (resume_from_checkpoint) {
       log::info("  Resuming training from checkpoint with epoch ", loader.epoch(),
                 " and global step ", state_.global_step);
@@ -727,7 +727,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   const int64_t start_step = state_.global_step;
   const int64_t start_tokens = state_.num_input_tokens_seen;
   // HF's floating_point_ops for a batch with input_ids: 6 x its tokens x these parameters.
-  const int64_t flos_parameters = non_embedding_parameters(*impl.module);
+  const int64_t flos_parameters =
+      num_parameters(*impl.module, /*only_trainable=*/false, /*exclude_embeddings=*/true);
   impl.current_flos = 0;
   at::Tensor loss_since_log = at::zeros({});
   int64_t last_logged_step = state_.global_step;
