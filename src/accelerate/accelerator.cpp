@@ -70,6 +70,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<
               "Accelerator: gradient_accumulation_steps must be >= 1, got ",
               options.gradient_accumulation_steps);
   shared_->group = dist::ProcessGroup::from_environment();
+  if (shared_->group && options.timeout) shared_->group->set_timeout(*options.timeout);
   // One GPU per process of a machine, as Accelerate's cuda:{local_process_index}.
   shared_->device =
       (!options.cpu && torch::cuda::is_available())
@@ -104,7 +105,8 @@ std::shared_ptr<dist::GradientReducer> Accelerator::distribute(torch::nn::Module
   std::vector<at::Tensor> trained;
   for (const auto& p : module.parameters())
     if (p.requires_grad()) trained.push_back(p);
-  return std::make_shared<dist::GradientReducer>(std::move(trained), group, shared_->options.ddp);
+  return std::make_shared<dist::GradientReducer>(std::move(trained), group, shared_->options.ddp,
+                                                 module.buffers());
 }
 
 void Accelerator::watch_numerics(torch::nn::Module& module) {

@@ -120,6 +120,12 @@ void ProcessGroup::broadcast_(at::Tensor& tensor, int64_t root) {
 
 void ProcessGroup::barrier() { impl_->group->barrier()->wait(); }
 
+void ProcessGroup::set_timeout(std::chrono::milliseconds timeout) {
+  TORCH_CHECK(timeout.count() > 0, "ProcessGroup: the timeout must be positive, got ",
+              timeout.count(), " ms");
+  impl_->group->setTimeout(timeout);
+}
+
 namespace {
 
 // DDP's allreduce / fp16_compress / bf16_compress hooks in one: the bucket,
@@ -168,16 +174,22 @@ at::ScalarType wire_dtype(GradientCompression compression) {
 
 struct GradientReducer::Impl {
   std::shared_ptr<ProcessGroup> group;
+  GradientReducerOptions options;
+  std::vector<at::Tensor> buffers;
   std::shared_ptr<std::atomic<int64_t>> bytes = std::make_shared<std::atomic<int64_t>>(0);
   std::unique_ptr<c10d::Reducer> reducer;
 };
 
 GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
                                  std::shared_ptr<ProcessGroup> group,
-                                 GradientReducerOptions options)
+                                 GradientReducerOptions options, std::vector<at::Tensor> buffers)
     : impl_(std::make_unique<Impl>()) {
   TORCH_CHECK(group, "GradientReducer: no process group");
+  TORCH_CHECK(options.bucket_cap_mb > 0, "GradientReducer: bucket_cap_mb must be > 0, got ",
+              options.bucket_cap_mb);
   impl_->group = std::move(group);
+  impl_->options = options;
+  impl_->buffers = std::move(buffers);
   optim::check_not_updated_in_backward(parameters, "GradientReducer",
                                        "which would update it before the all-reduce");
   const int64_t cap = options.bucket_cap_mb * 1024 * 1024;
@@ -190,7 +202,7 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
   for (size_t i = 0; i < parameters.size(); ++i) names[i] = "param" + std::to_string(i);
   impl_->reducer = std::make_unique<c10d::Reducer>(
       std::move(parameters), std::move(buckets), impl_->group->impl_->group, sparse, cap,
-      /*find_unused_parameters=*/false, /*gradient_as_bucket_view=*/false, std::move(names),
+      options.find_unused_parameters, /*gradient_as_bucket_view=*/false, std::move(names),
       static_cast<int64_t>(c10d::kDefaultFirstBucketBytes),
       /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
       std::vector<int64_t>(limits.begin(), limits.end()));
@@ -200,7 +212,39 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
 
 GradientReducer::~GradientReducer() = default;
 
-void GradientReducer::prepare_for_backward() { impl_->reducer->prepare_for_backward({}); }
+void GradientReducer::before_forward() {
+  if (!require_forward_param_sync_ || !impl_->options.broadcast_buffers) return;
+  at::NoGradGuard no_grad;
+  for (auto& buffer : impl_->buffers) impl_->group->broadcast_(buffer);
+}
+
+void GradientReducer::after_forward(bool sync, const std::vector<at::Tensor>& outputs) {
+  require_forward_param_sync_ = sync;
+  if (!sync) return;
+  TORCH_CHECK(!impl_->options.find_unused_parameters || !outputs.empty(),
+              "GradientReducer: find_unused_parameters needs the forward's outputs as tensors (a "
+              "Tensor, a ModelOutput, or a vector or tuple of them) to find the parameters they "
+              "depend on");
+  prepare_for_backward(outputs);
+}
+
+void GradientReducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
+  try {
+    // As DDP's next forward: the last all-reduce must have run, which a parameter without a
+    // gradient (and not found unused) prevents; c10d's reducer would otherwise go on silently.
+    impl_->reducer->check_finalized();
+    impl_->reducer->prepare_for_backward(outputs);
+  } catch (const c10::Error& e) {
+    // c10d's message names DDP's Python keyword; say where mixprec takes it.
+    TORCH_CHECK(impl_->options.find_unused_parameters ||
+                    std::string(e.what_without_backtrace()).find("find_unused_parameters") ==
+                        std::string::npos,
+                e.what_without_backtrace(),
+                "\nmixprec: set GradientReducerOptions::find_unused_parameters (the Accelerator's "
+                "ddp option, the Trainer's ddp_find_unused_parameters)");
+    throw;
+  }
+}
 
 int64_t GradientReducer::bytes_all_reduced() const { return *impl_->bytes; }
 

@@ -52,6 +52,18 @@ int64_t absolute_steps(double steps, int64_t max_steps) {
 }
 
 // The batch keys that hold labels.
+// HF's DistributedDataParallelKwargs: what the arguments set, DDP's defaults for the rest.
+dist::GradientReducerOptions ddp_options(const TrainingArguments& args) {
+  dist::GradientReducerOptions ddp;
+  if (args.ddp_bucket_cap_mb) ddp.bucket_cap_mb = *args.ddp_bucket_cap_mb;
+  if (args.ddp_broadcast_buffers) ddp.broadcast_buffers = *args.ddp_broadcast_buffers;
+  ddp.find_unused_parameters =
+      args.ddp_find_unused_parameters.value_or(!args.activation_checkpointing);
+  if (args.ddp_comm_hook == "fp16") ddp.compression = dist::GradientCompression::kFp16;
+  if (args.ddp_comm_hook == "bf16") ddp.compression = dist::GradientCompression::kBf16;
+  return ddp;
+}
+
 std::vector<std::string> label_names_of(const TrainingArguments& args) {
   return args.label_names.value_or(std::vector<std::string>{"labels"});
 }
@@ -474,6 +486,8 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
       // DeepSpeed's min_loss_scale: a run whose gradients overflow even at
       // scale 1 would skip every step from then on; it stops instead.
       .scaler = {.min_scale = 1.0},
+      .ddp = ddp_options(args_),
+      .timeout = std::chrono::seconds(args_.ddp_timeout),
       .log_with = args_.report_to,
       .project_dir = args_.output_dir,
       .numerics_monitor = args_.numerics_monitor_steps > 0

@@ -99,6 +99,12 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
                a.restore_callback_states_from_checkpoint),
       argument("disable_tqdm", a.disable_tqdm),
       argument("use_cpu", a.use_cpu),
+      argument("ddp_find_unused_parameters", a.ddp_find_unused_parameters),
+      argument("ddp_bucket_cap_mb", a.ddp_bucket_cap_mb),
+      argument("ddp_broadcast_buffers", a.ddp_broadcast_buffers),
+      argument("ddp_backend", a.ddp_backend),
+      argument("ddp_timeout", a.ddp_timeout),
+      argument("ddp_comm_hook", a.ddp_comm_hook),
       argument("label_names", a.label_names),
       argument("run_name", a.run_name),
       argument("skip_memory_metrics", a.skip_memory_metrics),
@@ -197,6 +203,16 @@ void TrainingArguments::validate() {
               dataloader_num_workers);
   TORCH_CHECK(warmup_steps >= 0, "Got warmup_steps = ", warmup_steps,
               ", Expected value warmup_steps >= 0");
+  TORCH_CHECK(!ddp_backend || *ddp_backend == "gloo", "TrainingArguments: ddp_backend '",
+              ddp_backend.value_or(""),
+              "' is not supported: mixprec's data parallel runs on \"gloo\"");
+  TORCH_CHECK(ddp_timeout > 0, "TrainingArguments: ddp_timeout must be > 0 seconds, got ",
+              ddp_timeout);
+  TORCH_CHECK(ddp_bucket_cap_mb.value_or(1) > 0,
+              "TrainingArguments: ddp_bucket_cap_mb must be > 0, got ",
+              ddp_bucket_cap_mb.value_or(0));
+  TORCH_CHECK(one_of(ddp_comm_hook, {"no", "fp16", "bf16"}), "TrainingArguments: ddp_comm_hook '",
+              ddp_comm_hook, "' is not one of \"no\", \"fp16\", \"bf16\"");
   TORCH_CHECK(max_steps > 0 || num_train_epochs > 0,
               "TrainingArguments: set num_train_epochs > 0 or max_steps > 0");
 

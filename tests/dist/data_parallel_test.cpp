@@ -299,6 +299,134 @@ TEST_F(DataParallel, TrainerStepsItsScheduleOncePerUpdate) {
   std::filesystem::remove_all(args.output_dir);
 }
 
+// A net whose second layer only rank 0 uses (or no rank), with a buffer each forward adds
+// rank + 1 to, as a batch norm's running statistics change with each rank's data.
+struct PartlyUsedNet : torch::nn::Module {
+  PartlyUsedNet(int64_t rank, bool rank0_uses_second) : rank(rank), uses_second(rank0_uses_second) {
+    torch::manual_seed(0);
+    first = register_module("first", torch::nn::Linear(4, 3));
+    second = register_module("second", torch::nn::Linear(4, 3));
+    count = register_buffer("count", torch::zeros({1}));
+  }
+  at::Tensor forward(const at::Tensor& x) {
+    count.add_(rank + 1);
+    auto y = first->forward(x);
+    return uses_second && rank == 0 ? y + second->forward(x) : y;
+  }
+  int64_t rank;
+  bool uses_second;
+  torch::nn::Linear first{nullptr}, second{nullptr};
+  at::Tensor count;
+};
+
+// DDP's find_unused_parameters: a parameter rank 1 does not use gets rank 0's gradient over 2 on
+// both; one no rank uses keeps no gradient. Without it, c10d's reducer would never all-reduce
+// the bucket that waits for it: the next forward is an error that says what to set.
+TEST_F(DataParallel, FindUnusedParametersAllReducesWhatSomeRanksDoNotUse) {
+  const int64_t rank = accelerator.process_index();
+  torch::manual_seed(20 + rank);
+  const auto x = torch::randn({5, 4});
+  for (const bool rank0_uses_second : {true, false}) {
+    SCOPED_TRACE(rank0_uses_second ? "rank 0 uses the second layer" : "no rank uses it");
+    Accelerator finding({.ddp = {.find_unused_parameters = true}});
+    auto net = std::make_shared<PartlyUsedNet>(rank, rank0_uses_second);
+    auto model = finding.prepare(net);
+    for (int step = 0; step < 2; ++step) {
+      net->zero_grad();
+      model(x).pow(2).sum().backward();
+    }
+    expect_same_on_every_rank(accelerator, net->first->weight.grad());
+    if (rank0_uses_second) {
+      expect_same_on_every_rank(accelerator, net->second->weight.grad());
+      at::Tensor local = torch::zeros_like(net->second->weight);
+      if (rank == 0) {  // rank 0's own gradient of the second layer
+        auto copy = std::make_shared<PartlyUsedNet>(0, true);
+        copy->forward(x).pow(2).sum().backward();
+        local = copy->second->weight.grad();
+      }
+      local = accelerator.reduce(local, "sum");
+      EXPECT_TRUE(torch::allclose(net->second->weight.grad(), local / 2, 1e-5, 1e-7));
+    } else {
+      EXPECT_FALSE(net->second->weight.grad().defined());
+    }
+  }
+  Accelerator plain;  // DDP's default: off
+  auto net = std::make_shared<PartlyUsedNet>(rank, false);
+  auto model = plain.prepare(net);
+  model(x).pow(2).sum().backward();
+  const auto error = error_of([&] { model(x); });
+  EXPECT_NE(error.find("Expected to have finished reduction in the prior iteration"),
+            std::string::npos)
+      << error;
+  EXPECT_NE(error.find("ddp_find_unused_parameters"), std::string::npos) << error;
+}
+
+// DDP's broadcast_buffers: before a forward that follows a synced one (the first included), the
+// buffers become rank 0's; a forward without gradients is not synced, so the next does not.
+TEST_F(DataParallel, BroadcastBuffersSetsThemToRankZerosBeforeASyncedForward) {
+  const int64_t rank = accelerator.process_index();
+  const auto x = torch::randn({2, 4});
+  for (const bool broadcast : {true, false}) {
+    SCOPED_TRACE(broadcast ? "broadcast_buffers" : "without");
+    Accelerator acc({.ddp = {.find_unused_parameters = true, .broadcast_buffers = broadcast}});
+    auto net = std::make_shared<PartlyUsedNet>(rank, false);
+    auto model = acc.prepare(net);
+    const double add = static_cast<double>(rank + 1);
+    for (int step = 0; step < 3; ++step) model(x).sum().backward();
+    EXPECT_EQ(net->count.item<double>(), broadcast ? 2 + add : 3 * add);
+    {
+      at::NoGradGuard no_grad;  // synced before (the last forward was), not after
+      model(x);
+    }
+    EXPECT_EQ(net->count.item<double>(), broadcast ? 3 + add : 4 * add);
+    model(x).sum().backward();
+    EXPECT_EQ(net->count.item<double>(), broadcast ? 3 + 2 * add : 5 * add);
+  }
+}
+
+// The Trainer's ddp_* arguments: find_unused_parameters is on by default (HF's, without
+// activation checkpointing), so a model with a parameter its forward never uses trains; off,
+// the second step fails. ddp_comm_hook "bf16" rounds the all-reduced gradients.
+TEST_F(DataParallel, TrainerTakesHfsDdpArguments) {
+  struct WithUnusedHead : torch::nn::Module {
+    WithUnusedHead() {
+      torch::manual_seed(0);
+      body = register_module("body", torch::nn::Linear(4, 3));
+      unused = register_module("unused", torch::nn::Linear(4, 3));
+    }
+    mixprec::models::ModelOutput forward(const mixprec::data::Batch& b) {
+      auto logits = body->forward(b.at("pixels"));
+      return {torch::nn::functional::cross_entropy(logits, b.at("labels")), logits};
+    }
+    torch::nn::Linear body{nullptr}, unused{nullptr};
+  };
+  torch::manual_seed(0);
+  auto data = pixels_dataset(32);
+  auto train = [&](std::optional<bool> find_unused, const std::string& hook) {
+    auto model = std::make_shared<WithUnusedHead>();
+    mixprec::TrainingArguments args;
+    args.output_dir = shared_temp_dir(accelerator, "mixprec_dp_ddp_args_").string();
+    args.max_steps = 3;
+    args.learning_rate = 0.1;
+    args.save_strategy = "no";
+    args.per_device_train_batch_size = 4;
+    args.ddp_find_unused_parameters = find_unused;
+    args.ddp_comm_hook = hook;
+    args.ddp_bucket_cap_mb = 1;
+    mixprec::Trainer trainer(model, args, data);
+    trainer.train();
+    expect_same_on_every_rank(accelerator, flat_params(*model));
+    EXPECT_FALSE(model->unused->weight.grad().defined());
+    return flat_params(*model);
+  };
+  const auto fp32 = train(std::nullopt, "no");
+  const auto bf16 = train(true, "bf16");
+  EXPECT_FALSE(torch::equal(fp32, bf16));
+  EXPECT_TRUE(torch::allclose(fp32, bf16, 1e-2, 1e-3));
+  const auto error = error_of([&] { train(false, "no"); });
+  EXPECT_NE(error.find("ddp_find_unused_parameters"), std::string::npos) << error;
+}
+
 // HF's log levels: log_level on the main process, log_level_replica on the others.
 TEST_F(DataParallel, TrainerSetsTheMainAndReplicaLogLevels) {
   mixprec::testing::VerbosityGuard guard;
@@ -812,6 +940,32 @@ TEST_F(DataParallel, TrainerWeighsEveryTokenOfTheGlobalBatch) {
               1e-4 * std::sqrt(smoothed_norm_sq));
   accelerator.wait_for_everyone();
   if (accelerator.is_main_process()) std::filesystem::remove_all(args.output_dir);
+}
+
+// ddp_timeout: a collective that a process never joins fails after it, not after 30 minutes.
+// Last of the suite: the timed-out group is not used again.
+TEST_F(DataParallel, TrainerDdpTimeoutEndsAWaitForAProcessThatNeverComes) {
+  auto data = pixels_dataset(8);
+  mixprec::TrainingArguments args;
+  args.output_dir = shared_temp_dir(accelerator, "mixprec_dp_timeout_").string();
+  args.save_strategy = "no";
+  args.ddp_timeout = 1;
+  mixprec::Trainer trainer(small_classifier(), args, data);
+  if (accelerator.is_main_process()) {
+    const auto start = std::chrono::steady_clock::now();
+    std::string error = "<no error>";
+    try {
+      trainer.accelerator().wait_for_everyone();
+    } catch (const std::exception& e) {  // gloo's, not a c10::Error
+      error = e.what();
+    }
+    const double waited =
+        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    EXPECT_NE(error.find("imed out"), std::string::npos) << error;
+    EXPECT_LT(waited, 4.0);
+  } else {
+    std::this_thread::sleep_for(std::chrono::seconds(5));  // stays, but never joins
+  }
 }
 
 }  // namespace

@@ -23,7 +23,8 @@ use_cpu label_names run_name average_tokens_across_devices include_num_input_tok
 eval_delay eval_on_start lr_scheduler_kwargs label_smoothing_factor prediction_loss_only
 restore_callback_states_from_checkpoint save_only_model ignore_data_skip full_determinism
 include_for_metrics batch_eval_metrics skip_memory_metrics
-train_sampling_strategy length_column_name log_level log_level_replica log_on_each_node""".split()
+train_sampling_strategy length_column_name log_level log_level_replica log_on_each_node
+ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers ddp_backend ddp_timeout""".split()
 
 
 def plain(v):

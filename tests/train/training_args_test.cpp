@@ -294,6 +294,16 @@ TEST(TrainingArguments, ClearErrors) {
             "\"info\", \"warning\", \"error\", \"critical\"");
   EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"include_for_metrics": ["input"]})"); }),
             "TrainingArguments: include_for_metrics 'input' is not one of \"inputs\", \"loss\"");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"ddp_backend": "nccl"})"); }),
+            "TrainingArguments: ddp_backend 'nccl' is not supported: mixprec's data parallel runs "
+            "on \"gloo\"");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"ddp_timeout": 0})"); }),
+            "TrainingArguments: ddp_timeout must be > 0 seconds, got 0");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"ddp_bucket_cap_mb": -5})"); }),
+            "TrainingArguments: ddp_bucket_cap_mb must be > 0, got -5");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"ddp_comm_hook": "int8"})"); }),
+            "TrainingArguments: ddp_comm_hook 'int8' is not one of \"no\", \"fp16\", \"bf16\"");
+  EXPECT_NO_THROW(TrainingArguments::from_json(R"({"ddp_backend": "gloo", "ddp_timeout": 60})"));
   EXPECT_NE(error_of([] { TrainingArguments::from_json("{\"fp16\": tru"); }).find("malformed JSON"),
             std::string::npos);
   EXPECT_NE(error_of([] {

@@ -15,6 +15,7 @@
 #include <torch/nn/module.h>
 #include <torch/optim/optimizer.h>
 
+#include <chrono>
 #include <concepts>
 #include <cstdint>
 #include <filesystem>
@@ -70,9 +71,14 @@ struct AcceleratorOptions {
   /// initial seed (SeedableRandomSampler; the HF Trainer's default).
   bool use_seedable_sampler = false;
   std::optional<uint64_t> data_seed = std::nullopt;
-  /// Data parallel (under torchrun): DDP's bucket size and the dtype gradients
-  /// are all-reduced in (`{.compression = dist::GradientCompression::kBf16}`).
+  /// Data parallel (under torchrun): DDP's options (Accelerate's DistributedDataParallelKwargs):
+  /// bucket size, find_unused_parameters, broadcast_buffers, and the dtype gradients are
+  /// all-reduced in (`{.compression = dist::GradientCompression::kBf16}`).
   dist::GradientReducerOptions ddp = {};
+  /// Data parallel: how long a collective waits for the other processes before it fails
+  /// (Accelerate's InitProcessGroupKwargs.timeout). Unset: as it is, torch's 30 minutes unless
+  /// an earlier Accelerator set it (the process group is the process's).
+  std::optional<std::chrono::milliseconds> timeout = std::nullopt;
   /// Trackers for `log()`: "tensorboard", "jsonl" (Accelerate's log_with).
   std::vector<std::string> log_with = {};
   /// Where `init_trackers(name)` puts them (project_dir/name), and automatically named
@@ -158,6 +164,24 @@ T to_fp32(T other) {  // anything else passes unchanged
   return other;
 }
 
+// The tensors of a forward's outputs, which DDP's find_unused_parameters searches from.
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) {
+  if (t.defined()) out.push_back(t);
+}
+inline void collect_tensors(const models::ModelOutput& o, std::vector<at::Tensor>& out) {
+  collect_tensors(o.loss, out);
+  collect_tensors(o.logits, out);
+}
+inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
+  for (const auto& t : ts) collect_tensors(t, out);
+}
+template <typename... Ts>
+void collect_tensors(const std::tuple<Ts...>& ts, std::vector<at::Tensor>& out) {
+  std::apply([&](const auto&... t) { (collect_tensors(t, out), ...); }, ts);
+}
+template <typename T>
+void collect_tensors(const T&, std::vector<at::Tensor>&) {}  // holds none we know of
+
 }  // namespace detail
 
 /// A module handle (`torch::nn::ModuleHolder` or `std::shared_ptr<Module>`).
@@ -187,12 +211,22 @@ class PreparedModel {
   /// for models whose entry point has another name or signature.
   template <typename F>
   auto run(F&& forward) {
-    if (reducer_ && reducer_->require_backward_grad_sync() && at::GradMode::is_enabled() &&
-        shared_->gradient_state.sync_gradients)
-      reducer_->prepare_for_backward();
-    std::optional<amp::Autocast> autocast;
-    if (shared_->autocast_dtype) autocast.emplace(shared_->device.type(), *shared_->autocast_dtype);
-    return detail::to_fp32(forward());
+    if (reducer_) reducer_->before_forward();
+    auto outputs = [&] {
+      std::optional<amp::Autocast> autocast;
+      if (shared_->autocast_dtype)
+        autocast.emplace(shared_->device.type(), *shared_->autocast_dtype);
+      return detail::to_fp32(forward());
+    }();
+    if (reducer_) {
+      std::vector<at::Tensor> tensors;
+      detail::collect_tensors(outputs, tensors);
+      reducer_->after_forward(reducer_->require_backward_grad_sync() &&
+                                  at::GradMode::is_enabled() &&
+                                  shared_->gradient_state.sync_gradients,
+                              tensors);
+    }
+    return outputs;
   }
   auto operator->() { return module_.operator->(); }
   /// The module as the user gave it (a handle: copies share the module).

@@ -2,6 +2,7 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -47,6 +48,9 @@ class ProcessGroup {
   at::Tensor all_gather(const at::Tensor& tensor);
   void broadcast_(at::Tensor& tensor, int64_t root = 0);
   void barrier();
+  /// How long a collective waits for the other ranks before it fails (torch's default: 30
+  /// minutes), for the operations that follow.
+  void set_timeout(std::chrono::milliseconds timeout);
 
  private:
   friend class GradientReducer;
@@ -68,6 +72,13 @@ enum class GradientCompression {
 struct GradientReducerOptions {
   int64_t bucket_cap_mb = 25;
   GradientCompression compression = GradientCompression::kNone;
+  /// Finds, after each forward, the parameters its outputs do not depend on, so that their
+  /// buckets do not wait for gradients that never come (DDP's find_unused_parameters). Without
+  /// it, a model with such a parameter fails at its next forward with c10d's error.
+  bool find_unused_parameters = false;
+  /// Before a forward that follows a synced one, the module's buffers (e.g. a batch norm's
+  /// running statistics) are set to rank 0's (DDP's broadcast_buffers).
+  bool broadcast_buffers = true;
 };
 
 /// Python DDP's engine, c10d's `Reducer`, on a module's parameters: gradients
@@ -78,14 +89,22 @@ struct GradientReducerOptions {
 ///
 ///   dist::GradientReducer reducer(model->parameters(), group,
 ///                                 {.compression = dist::GradientCompression::kBf16});
-///   reducer.prepare_for_backward();
+///   reducer.before_forward();
+///   auto loss = model->forward(x);
+///   reducer.after_forward(/*sync=*/true, {loss});
 ///   loss.backward();  // gradients averaged over the ranks, sent as bf16
 class GradientReducer {
  public:
   GradientReducer(std::vector<at::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
-                  GradientReducerOptions options = {});
+                  GradientReducerOptions options = {}, std::vector<at::Tensor> buffers = {});
   ~GradientReducer();
-  void prepare_for_backward();
+  /// DDP's forward around the module's: before, the buffers' broadcast; after, on a step whose
+  /// backward all-reduces (`sync`), prepare_for_backward with the forward's outputs.
+  void before_forward();
+  void after_forward(bool sync, const std::vector<at::Tensor>& outputs);
+  /// The next backward all-reduces. Without outputs, find_unused_parameters takes every
+  /// parameter as unused (as DDP's reducer).
+  void prepare_for_backward(const std::vector<at::Tensor>& outputs = {});
   /// DDP's require_backward_grad_sync: while false (DDP's no_sync), a prepared
   /// model's forward does not call prepare_for_backward.
   bool require_backward_grad_sync() const { return require_backward_grad_sync_; }
@@ -99,6 +118,7 @@ class GradientReducer {
   struct Impl;
   std::unique_ptr<Impl> impl_;
   bool require_backward_grad_sync_ = true;
+  bool require_forward_param_sync_ = true;  // DDP's: the last forward was a synced one
 };
 
 }  // namespace mixprec::dist

@@ -139,6 +139,20 @@ struct TrainingArguments {
   /// log_level on each node's main process, else on process 0's only.
   bool log_on_each_node = true;
   bool use_cpu = false;
+  /// Data parallel (under torchrun): DDP's find_unused_parameters. Unset: on unless
+  /// activation_checkpointing, HF's rule for its models (mixprec's checkpointing works with it
+  /// on; set it to true to have both).
+  std::optional<bool> ddp_find_unused_parameters = std::nullopt;
+  std::optional<int64_t> ddp_bucket_cap_mb = std::nullopt;   // unset: DDP's 25
+  std::optional<bool> ddp_broadcast_buffers = std::nullopt;  // unset: DDP's true
+  /// Only "gloo" (unset: gloo): mixprec's data parallel runs on c10d's Gloo.
+  std::optional<std::string> ddp_backend = std::nullopt;
+  /// Seconds a collective waits for the other processes before it fails (HF's and torch's 30
+  /// minutes: main_process_first may wait out a long preprocessing).
+  int64_t ddp_timeout = 1800;
+  /// mixprec's own (Accelerate's DistributedDataParallelKwargs.comm_hook): "no", or "fp16" /
+  /// "bf16" to all-reduce gradients in 16 bits, half the bytes (dist::GradientCompression).
+  std::string ddp_comm_hook = "no";
   /// The batch keys that hold labels (default {"labels"}): they keep their dtype when inputs go
   /// 16-bit; in evaluation, only a batch that holds them all has labels and a loss (HF's
   /// has_labels; so an empty list means no eval loss, as HF's for a model without return_loss),
