@@ -213,38 +213,40 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
 GradientReducer::~GradientReducer() = default;
 
 void GradientReducer::before_forward() {
+  if (at::GradMode::is_enabled()) {
+    // As DDP's forward: the last synced backward must have all-reduced every bucket, which a
+    // parameter without a gradient (and not found unused) prevents; c10d's reducer alone would
+    // go on without that bucket's all-reduce.
+    try {
+      impl_->reducer->check_finalized();
+    } catch (const c10::Error& e) {
+      // c10d's message names DDP's Python keyword; say where mixprec takes it.
+      TORCH_CHECK(impl_->options.find_unused_parameters, e.what_without_backtrace(),
+                  "\nmixprec: set GradientReducerOptions::find_unused_parameters (the "
+                  "Accelerator's ddp option, the Trainer's ddp_find_unused_parameters)");
+      throw;
+    }
+  }
   if (!require_forward_param_sync_ || !impl_->options.broadcast_buffers) return;
   at::NoGradGuard no_grad;
   for (auto& buffer : impl_->buffers) impl_->group->broadcast_(buffer);
 }
 
-void GradientReducer::after_forward(bool sync, const std::vector<at::Tensor>& outputs) {
-  require_forward_param_sync_ = sync;
-  if (!sync) return;
+void GradientReducer::after_forward(bool sync_gradients, const std::vector<at::Tensor>& outputs) {
+  require_forward_param_sync_ =
+      sync_gradients && require_backward_grad_sync_ && at::GradMode::is_enabled();
+  if (require_forward_param_sync_) prepare_for_backward(outputs);
+}
+
+void GradientReducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   TORCH_CHECK(!impl_->options.find_unused_parameters || !outputs.empty(),
               "GradientReducer: find_unused_parameters needs the forward's outputs as tensors (a "
               "Tensor, a ModelOutput, or a vector or tuple of them) to find the parameters they "
               "depend on");
-  prepare_for_backward(outputs);
+  impl_->reducer->prepare_for_backward(outputs);
 }
 
-void GradientReducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
-  try {
-    // As DDP's next forward: the last all-reduce must have run, which a parameter without a
-    // gradient (and not found unused) prevents; c10d's reducer would otherwise go on silently.
-    impl_->reducer->check_finalized();
-    impl_->reducer->prepare_for_backward(outputs);
-  } catch (const c10::Error& e) {
-    // c10d's message names DDP's Python keyword; say where mixprec takes it.
-    TORCH_CHECK(impl_->options.find_unused_parameters ||
-                    std::string(e.what_without_backtrace()).find("find_unused_parameters") ==
-                        std::string::npos,
-                e.what_without_backtrace(),
-                "\nmixprec: set GradientReducerOptions::find_unused_parameters (the Accelerator's "
-                "ddp option, the Trainer's ddp_find_unused_parameters)");
-    throw;
-  }
-}
+const GradientReducerOptions& GradientReducer::options() const { return impl_->options; }
 
 int64_t GradientReducer::bytes_all_reduced() const { return *impl_->bytes; }
 

@@ -255,7 +255,10 @@ torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids) {
   TORCH_CHECK(T >= 1 && T <= n_positions_, "GPT-2: sequence length ", T,
               " is outside [1, n_positions = ", n_positions_, "]");
   auto pos = torch::arange(T, input_ids.options());  // (T)
-  auto x = drop(wte(input_ids) + wpe(pos));          // (B, T, C)
+  auto embeddings = wte(input_ids);                  // (B, T, C)
+  if (neftune_noise_alpha_ && wte->is_training())
+    embeddings = add_neftune_noise(embeddings, *neftune_noise_alpha_);
+  auto x = drop(embeddings + wpe(pos));
   const bool checkpointing =
       checkpoint_every_n_layers_ > 0 && is_training() && torch::GradMode::is_enabled();
   for (int64_t i = 0; i < static_cast<int64_t>(h->size()); ++i) {
@@ -267,6 +270,12 @@ torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids) {
       x = block->forward(x);
   }
   return ln_f(x);
+}
+
+void GPT2ModelImpl::set_neftune_noise_alpha(std::optional<double> alpha) {
+  TORCH_CHECK(!alpha || *alpha >= 0, "GPT-2: neftune_noise_alpha must be >= 0, got ",
+              alpha.value_or(0));
+  neftune_noise_alpha_ = alpha;
 }
 
 void GPT2ModelImpl::activation_checkpointing_enable(int64_t every_n_layers) {

@@ -4,6 +4,7 @@
 #include "mixprec/log/logging.h"
 #include "mixprec/log/progress.h"
 #include "mixprec/models/activation_checkpoint.h"
+#include "mixprec/models/neftune.h"
 #include "mixprec/optim/adamw.h"
 
 #include "memory_tracker.h"
@@ -51,19 +52,23 @@ int64_t absolute_steps(double steps, int64_t max_steps) {
                    : static_cast<int64_t>(steps);
 }
 
-// The batch keys that hold labels.
-// HF's DistributedDataParallelKwargs: what the arguments set, DDP's defaults for the rest.
-dist::GradientReducerOptions ddp_options(const TrainingArguments& args) {
+// HF's DistributedDataParallelKwargs: what the arguments set, DDP's defaults for the rest;
+// find_unused_parameters on unless the model checkpoints its activations (HF's rule for its own
+// models, which a model that supports checkpointing stands for).
+dist::GradientReducerOptions ddp_options(const TrainingArguments& args,
+                                         const torch::nn::Module& module) {
   dist::GradientReducerOptions ddp;
   if (args.ddp_bucket_cap_mb) ddp.bucket_cap_mb = *args.ddp_bucket_cap_mb;
   if (args.ddp_broadcast_buffers) ddp.broadcast_buffers = *args.ddp_broadcast_buffers;
-  ddp.find_unused_parameters =
-      args.ddp_find_unused_parameters.value_or(!args.activation_checkpointing);
+  const auto* checkpointing = dynamic_cast<const models::SupportsActivationCheckpointing*>(&module);
+  ddp.find_unused_parameters = args.ddp_find_unused_parameters.value_or(
+      !(checkpointing && checkpointing->is_activation_checkpointing()));
   if (args.ddp_comm_hook == "fp16") ddp.compression = dist::GradientCompression::kFp16;
   if (args.ddp_comm_hook == "bf16") ddp.compression = dist::GradientCompression::kBf16;
   return ddp;
 }
 
+// The batch keys that hold labels.
 std::vector<std::string> label_names_of(const TrainingArguments& args) {
   return args.label_names.value_or(std::vector<std::string>{"labels"});
 }
@@ -486,7 +491,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
       // DeepSpeed's min_loss_scale: a run whose gradients overflow even at
       // scale 1 would skip every step from then on; it stops instead.
       .scaler = {.min_scale = 1.0},
-      .ddp = ddp_options(args_),
+      .ddp = ddp_options(args_, *impl_->module),
       .timeout = std::chrono::seconds(args_.ddp_timeout),
       .log_with = args_.report_to,
       .project_dir = args_.output_dir,
@@ -558,6 +563,22 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     enable_full_determinism(static_cast<uint64_t>(args_.seed));
   else
     accelerate::set_seed(static_cast<uint64_t>(args_.seed));
+  // As HF's activate_neftune and, when train() returns (here also when it throws),
+  // deactivate_neftune.
+  struct NEFTune {
+    models::SupportsNEFTune* model = nullptr;
+    std::optional<double> before;
+    ~NEFTune() {
+      if (model) model->set_neftune_noise_alpha(before);
+    }
+  } neftune;
+  if (args_.neftune_noise_alpha) {
+    neftune.model = dynamic_cast<models::SupportsNEFTune*>(impl.module.get());
+    TORCH_CHECK(neftune.model, "Trainer: neftune_noise_alpha is set, but ", impl.module->name(),
+                " has no input embeddings to add the noise to (models::SupportsNEFTune)");
+    neftune.before = neftune.model->neftune_noise_alpha();
+    neftune.model->set_neftune_noise_alpha(args_.neftune_noise_alpha);
+  }
 
   auto loader_options = loader_options_of(args_, acc, args_.per_device_train_batch_size);
   loader_options.shuffle = args_.train_sampling_strategy == "random";

@@ -79,6 +79,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("metric_for_best_model", a.metric_for_best_model),
       argument("greater_is_better", a.greater_is_better),
       argument("label_smoothing_factor", a.label_smoothing_factor),
+      argument("neftune_noise_alpha", a.neftune_noise_alpha),
       argument("seed", a.seed),
       argument("full_determinism", a.full_determinism),
       argument("data_seed", a.data_seed),
@@ -203,6 +204,8 @@ void TrainingArguments::validate() {
               dataloader_num_workers);
   TORCH_CHECK(warmup_steps >= 0, "Got warmup_steps = ", warmup_steps,
               ", Expected value warmup_steps >= 0");
+  TORCH_CHECK(neftune_noise_alpha.value_or(0) >= 0,
+              "TrainingArguments: neftune_noise_alpha must be >= 0, got ", *neftune_noise_alpha);
   TORCH_CHECK(!ddp_backend || *ddp_backend == "gloo", "TrainingArguments: ddp_backend '",
               ddp_backend.value_or(""),
               "' is not supported: mixprec's data parallel runs on \"gloo\"");

@@ -152,6 +152,36 @@ TEST_F(GPT2, Fp32MatchesTransformers) {
   EXPECT_EQ(p.logits_dtype, torch::kFloat);
 }
 
+// NEFTune in training mode (dropout off) from a seeded generator: transformers' hook's noise,
+// drawn alike, gives the same logits. In eval mode the noise is off.
+TEST_F(GPT2, NEFTuneNoiseMatchesTransformers) {
+  const auto& ref = reference();
+  auto model = GPT2LMHeadModel::from_pretrained(tiny_with_config([](json& c) {
+    c["attn_pdrop"] = 0.0;
+    c["resid_pdrop"] = 0.0;
+    c["embd_pdrop"] = 0.0;
+  }));
+  model->train();
+  model->set_neftune_noise_alpha(ref["neftune"]["alpha"].get<double>());
+  torch::manual_seed(ref["neftune"]["seed"].get<uint64_t>());
+  mixprec::models::ModelOutput out;
+  {
+    torch::NoGradGuard no_grad;
+    out = model->forward(tensor_of(ref["input_ids"], torch::kLong),
+                         tensor_of(ref["labels"], torch::kLong));
+  }
+  const auto expected = tensor_of(ref["neftune"]["logits"], torch::kDouble);
+  const auto got = out.logits.narrow(-1, 0, expected.size(-1)).to(torch::kDouble);
+  EXPECT_LE((got - expected).abs().max().item<double>(), kFp32Tol);
+  EXPECT_NEAR(out.loss.item<double>(), ref["neftune"]["loss"].get<double>(), kFp32Tol);
+  // The noise moved the loss well past the tolerance, so a noiseless forward fails the above.
+  EXPECT_GT(std::abs(ref["neftune"]["loss"].get<double>() - ref["fp32"]["loss"].get<double>()),
+            100 * kFp32Tol);
+  model->eval();
+  EXPECT_LE(parity(model, "fp32").max_logit_diff, kFp32Tol);
+  EXPECT_ERROR(model->set_neftune_noise_alpha(-1.0), "neftune_noise_alpha must be >= 0, got -1");
+}
+
 TEST_F(GPT2, Bf16AutocastMatchesTransformers) {
   auto model = GPT2LMHeadModel::from_pretrained(kTiny);
   model->eval();

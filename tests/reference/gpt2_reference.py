@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Reference GPT-2 for tests/models/gpt2_test.cpp: a tiny transformers GPT2LMHeadModel (random
 init, fixed seed) saved with save_pretrained, and its logits, losses and greedy generation for
-fixed input ids in fp32 and under torch.autocast('cpu', bfloat16 / float16).
+fixed input ids in fp32 and under torch.autocast('cpu', bfloat16 / float16), and in training mode
+(dropout off) with transformers' NEFTune hook on the input embeddings from a seeded generator.
 
     python3 tests/reference/gpt2_reference.py tests/reference/data/gpt2_tiny          # write
     python3 tests/reference/gpt2_reference.py --check tests/reference/data/gpt2_tiny  # compare
@@ -20,6 +21,7 @@ import torch
 import transformers
 from safetensors.torch import load_file
 from transformers import GPT2Config, GPT2LMHeadModel
+from transformers.integrations.neftune import activate_neftune, deactivate_neftune
 
 from common import mismatch
 
@@ -28,6 +30,7 @@ VOCAB = 256
 LOGIT_SLICE = 64  # logits[:, :, :64] are stored, enough to catch any wrong layer
 GENERATE_PROMPT_LEN = 5
 GENERATE_NEW_TOKENS = 8
+NEFTUNE = {"alpha": 5.0, "seed": 99}
 FP32_TOL = 1e-5
 # Under autocast a CPU without FP16 arithmetic runs another fp16 GEMM than one with it, and one
 # without AVX-512 BF16 another bf16 GEMM: their rounded logits differ by up to one ulp of the
@@ -63,6 +66,22 @@ def run(model, dtype):
             "logits_dtype": str(out.logits.dtype).replace("torch.", "")}
 
 
+def run_neftune(model):
+    """The fp32 forward in training mode, dropout off, with the Trainer's NEFTune hook."""
+    input_ids, labels = inputs()
+    model.train()
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+    handle = activate_neftune(model, NEFTUNE["alpha"])
+    torch.manual_seed(NEFTUNE["seed"])
+    with torch.no_grad():
+        out = model(input_ids, labels=labels)
+    deactivate_neftune(model, handle)
+    model.eval()
+    return dict(NEFTUNE, logits=out.logits[:, :, :LOGIT_SLICE].tolist(), loss=out.loss.item())
+
+
 def reference(path):
     model = load(path)
     input_ids, labels = inputs()
@@ -81,6 +100,7 @@ def reference(path):
         "fp16": run(model, torch.float16),
         "generate": {"prompt_len": GENERATE_PROMPT_LEN, "max_new_tokens": GENERATE_NEW_TOKENS,
                      "greedy": greedy.tolist()},
+        "neftune": run_neftune(load(path)),
     }
 
 

@@ -24,7 +24,8 @@ eval_delay eval_on_start lr_scheduler_kwargs label_smoothing_factor prediction_l
 restore_callback_states_from_checkpoint save_only_model ignore_data_skip full_determinism
 include_for_metrics batch_eval_metrics skip_memory_metrics
 train_sampling_strategy length_column_name log_level log_level_replica log_on_each_node
-ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers ddp_backend ddp_timeout""".split()
+ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers ddp_backend ddp_timeout
+neftune_noise_alpha""".split()
 
 
 def plain(v):

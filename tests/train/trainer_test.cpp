@@ -1488,6 +1488,44 @@ TEST_F(TrainerTest, TokensSeenAndFlosCarryOnAcrossAResume) {
 
 // TrainingArguments::activation_checkpointing (HF's gradient_checkpointing): the same losses on
 // GPT-2 with dropout, in bf16; a model without the capability is an error naming it.
+// NEFTune (neftune_noise_alpha): noise on the input embeddings while train() runs and the model
+// is in training mode. The training loss moves; the evaluation at the last step equals
+// evaluate() of the same weights afterwards; train() leaves no noise set, as HF's
+// deactivate_neftune. A model without input embeddings is an error.
+TEST_F(TrainerTest, NEFTuneNoisesTrainingOnly) {
+  torch::manual_seed(0);
+  const auto ids = torch::randint(256, {16, 32});
+  auto tokens = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"input_ids", ids}, {"labels", ids}});
+  const auto train = [&](std::optional<double> alpha) {
+    torch::manual_seed(0);
+    mixprec::models::GPT2LMHeadModel model(models_test::tiny_gpt2_config());
+    auto a = args(alpha ? "neftune" : "plain");
+    a.eval_strategy = "steps";
+    a.eval_steps = 4;
+    a.save_strategy = "no";
+    a.per_device_train_batch_size = 4;
+    a.max_steps = 4;
+    a.neftune_noise_alpha = alpha;
+    Trainer trainer(model, a, tokens, tokens);
+    const double loss = trainer.train().training_loss;
+    EXPECT_FALSE(model->neftune_noise_alpha());
+    EXPECT_EQ(
+        trainer.evaluate().at("eval_loss"),
+        trainer.state().log_history.at(trainer.state().log_history.size() - 2).at("eval_loss"));
+    return loss;
+  };
+  const double plain = train(std::nullopt);
+  EXPECT_GT(std::abs(train(5.0) - plain), 1e-4 * plain);  // seen: 3.4e-4
+
+  auto a = args("classifier");
+  a.neftune_noise_alpha = 5.0;
+  EXPECT_NE(mixprec::testing::error_of([&] {
+              Trainer(Classifier(), a, train_, eval_).train();
+            }).find("has no input embeddings to add the noise to"),
+            std::string::npos);
+}
+
 TEST_F(TrainerTest, ActivationCheckpointingTrainsTheSame) {
   torch::manual_seed(0);
   const auto ids = torch::randint(256, {16, 32});

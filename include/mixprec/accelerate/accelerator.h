@@ -220,11 +220,8 @@ class PreparedModel {
     }();
     if (reducer_) {
       std::vector<at::Tensor> tensors;
-      detail::collect_tensors(outputs, tensors);
-      reducer_->after_forward(reducer_->require_backward_grad_sync() &&
-                                  at::GradMode::is_enabled() &&
-                                  shared_->gradient_state.sync_gradients,
-                              tensors);
+      if (reducer_->options().find_unused_parameters) detail::collect_tensors(outputs, tensors);
+      reducer_->after_forward(shared_->gradient_state.sync_gradients, tensors);
     }
     return outputs;
   }
@@ -421,7 +418,8 @@ class Accelerator {
   }
   /// Accelerate's trigger_sync_in_backward(model): the next backward of `model` all-reduces,
   /// though its forward ran where gradients stay local (an accumulation step, no_sync). A
-  /// no-op in one process.
+  /// no-op in one process. With `ddp.find_unused_parameters` it is an error: it has no outputs
+  /// to search from (Accelerate's then takes every parameter as unused).
   template <ModuleHandle M>
   [[nodiscard]] GradSyncGuard trigger_sync_in_backward(const PreparedModel<M>& model) const {
     if (model.reducer_) model.reducer_->prepare_for_backward();

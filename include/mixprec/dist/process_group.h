@@ -74,7 +74,10 @@ struct GradientReducerOptions {
   GradientCompression compression = GradientCompression::kNone;
   /// Finds, after each forward, the parameters its outputs do not depend on, so that their
   /// buckets do not wait for gradients that never come (DDP's find_unused_parameters). Without
-  /// it, a model with such a parameter fails at its next forward with c10d's error.
+  /// it, when no rank used a parameter, the next forward with gradients is c10d's error (when
+  /// only some did, they wait for the others until the timeout). Unlike DDP, an output the loss
+  /// does not use still counts as used (DDP's _DDPSink is not reproduced): its parameters then
+  /// make the same error.
   bool find_unused_parameters = false;
   /// Before a forward that follows a synced one, the module's buffers (e.g. a batch norm's
   /// running statistics) are set to rank 0's (DDP's broadcast_buffers).
@@ -98,13 +101,18 @@ class GradientReducer {
   GradientReducer(std::vector<at::Tensor> parameters, std::shared_ptr<ProcessGroup> group,
                   GradientReducerOptions options = {}, std::vector<at::Tensor> buffers = {});
   ~GradientReducer();
-  /// DDP's forward around the module's: before, the buffers' broadcast; after, on a step whose
-  /// backward all-reduces (`sync`), prepare_for_backward with the forward's outputs.
+  /// DDP's forward around the module's. Before: with gradients, the check that the last synced
+  /// backward all-reduced everything; the buffers' broadcast. After, when gradients are on,
+  /// `sync_gradients` (not an accumulation step) and require_backward_grad_sync:
+  /// prepare_for_backward with the forward's outputs (only read with find_unused_parameters).
+  /// Both are collectives when they broadcast: a forward on one process only should call the
+  /// module itself, as DDP's `model.module`.
   void before_forward();
-  void after_forward(bool sync, const std::vector<at::Tensor>& outputs);
-  /// The next backward all-reduces. Without outputs, find_unused_parameters takes every
-  /// parameter as unused (as DDP's reducer).
+  void after_forward(bool sync_gradients, const std::vector<at::Tensor>& outputs);
+  /// The next backward all-reduces. With find_unused_parameters, `outputs` must hold the
+  /// forward's outputs.
   void prepare_for_backward(const std::vector<at::Tensor>& outputs = {});
+  const GradientReducerOptions& options() const;
   /// DDP's require_backward_grad_sync: while false (DDP's no_sync), a prepared
   /// model's forward does not call prepare_for_backward.
   bool require_backward_grad_sync() const { return require_backward_grad_sync_; }

@@ -2,6 +2,7 @@
 
 #include "mixprec/models/activation_checkpoint.h"
 #include "mixprec/models/model_output.h"
+#include "mixprec/models/neftune.h"
 
 #include <torch/nn.h>
 
@@ -84,7 +85,9 @@ class GPT2BlockImpl : public torch::nn::Module {
 TORCH_MODULE(GPT2Block);
 
 /// The transformer body (HF's `GPT2Model`): embeddings, blocks, final LayerNorm.
-class GPT2ModelImpl : public torch::nn::Module, public SupportsActivationCheckpointing {
+class GPT2ModelImpl : public torch::nn::Module,
+                      public SupportsActivationCheckpointing,
+                      public SupportsNEFTune {
  public:
   explicit GPT2ModelImpl(const GPT2Config& config);
   torch::Tensor forward(const torch::Tensor& input_ids);  // (B, T) int64 -> (B, T, C)
@@ -92,6 +95,10 @@ class GPT2ModelImpl : public torch::nn::Module, public SupportsActivationCheckpo
   void activation_checkpointing_enable(int64_t every_n_layers = 1) override;
   void activation_checkpointing_disable() override { checkpoint_every_n_layers_ = 0; }
   bool is_activation_checkpointing() const override { return checkpoint_every_n_layers_ > 0; }
+  /// NEFTune noise on wte's output (HF's input embeddings, before the positions are added)
+  /// while wte is in training mode.
+  void set_neftune_noise_alpha(std::optional<double> alpha) override;
+  std::optional<double> neftune_noise_alpha() const override { return neftune_noise_alpha_; }
   torch::nn::Embedding wte{nullptr}, wpe{nullptr};
   torch::nn::Dropout drop{nullptr};
   torch::nn::ModuleList h{nullptr};
@@ -100,6 +107,7 @@ class GPT2ModelImpl : public torch::nn::Module, public SupportsActivationCheckpo
  private:
   int64_t n_positions_;
   int64_t checkpoint_every_n_layers_ = 0;  // 0: off
+  std::optional<double> neftune_noise_alpha_;
 };
 TORCH_MODULE(GPT2Model);
 
@@ -121,7 +129,9 @@ struct GenerateOptions {
 /// auto out = model->forward(input_ids, /*labels=*/input_ids);   // out.loss, out.logits (B, T, V)
 /// auto ids = model->generate(input_ids, 20);                     // greedy, (B, T + 20)
 /// ```
-class GPT2LMHeadModelImpl : public torch::nn::Module, public SupportsActivationCheckpointing {
+class GPT2LMHeadModelImpl : public torch::nn::Module,
+                            public SupportsActivationCheckpointing,
+                            public SupportsNEFTune {
  public:
   /// Random initialisation as in HF (normal(0, 0.02), c_proj scaled by 1/sqrt(2 n_layer)).
   explicit GPT2LMHeadModelImpl(GPT2Config config);
@@ -147,6 +157,13 @@ class GPT2LMHeadModelImpl : public torch::nn::Module, public SupportsActivationC
   }
   bool is_activation_checkpointing() const override {
     return transformer->is_activation_checkpointing();
+  }
+  /// NEFTune on the body's input embeddings (GPT2ModelImpl's).
+  void set_neftune_noise_alpha(std::optional<double> alpha) override {
+    transformer->set_neftune_noise_alpha(alpha);
+  }
+  std::optional<double> neftune_noise_alpha() const override {
+    return transformer->neftune_noise_alpha();
   }
 
   /// Writes `config.json` and `model.safetensors` (HF's names, lm_head omitted as it is tied).

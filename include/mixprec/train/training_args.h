@@ -92,6 +92,9 @@ struct TrainingArguments {
   /// Defaults to false for metrics whose name ends in "loss" (eval_nll_loss too), true for
   /// the others.
   std::optional<bool> greater_is_better = std::nullopt;
+  /// NEFTune: during train(), noise uniform in +-alpha / sqrt(T x hidden) on the model's input
+  /// embeddings in training mode (models::SupportsNEFTune; GPT-2's wte). The paper used 5 to 15.
+  std::optional<double> neftune_noise_alpha = std::nullopt;
   /// HF's LabelSmoother: (1 - e) x the cross-entropy with the labels plus e x the mean over all
   /// classes of -log p, for a model returning logits. Causal LMs (those taking
   /// num_items_in_batch) have their labels shifted as their own loss does. 0: the model's loss.
@@ -139,9 +142,9 @@ struct TrainingArguments {
   /// log_level on each node's main process, else on process 0's only.
   bool log_on_each_node = true;
   bool use_cpu = false;
-  /// Data parallel (under torchrun): DDP's find_unused_parameters. Unset: on unless
-  /// activation_checkpointing, HF's rule for its models (mixprec's checkpointing works with it
-  /// on; set it to true to have both).
+  /// Data parallel (under torchrun): DDP's find_unused_parameters. Unset: on unless the model
+  /// checkpoints its activations, HF's rule for its models (mixprec's checkpointing works with it
+  /// on, unlike HF's reentrant one: set it to true to have both).
   std::optional<bool> ddp_find_unused_parameters = std::nullopt;
   std::optional<int64_t> ddp_bucket_cap_mb = std::nullopt;   // unset: DDP's 25
   std::optional<bool> ddp_broadcast_buffers = std::nullopt;  // unset: DDP's true
