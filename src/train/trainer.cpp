@@ -523,19 +523,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   auto& acc = *accelerator_;
   auto& impl = *impl_;
   TORCH_CHECK(impl.train_dataset, "Trainer::train: no train_dataset");
-  detail::MemoryTracker::Stage measured(impl.memory, "train");
   TORCH_CHECK(!args_.eval_on_start || impl.eval_dataset,
               "Trainer::train: eval_on_start is true but no eval_dataset was given");
-  // This run's optimizer and schedule live in this call: the accelerator forgets them when it
-  // returns (another train() makes them afresh, as HF's does).
-  // The loop says which micro-steps sync; after it, also after an error, every step does.
-  struct FreeMemory {
-    accelerate::Accelerator& acc;
-    ~FreeMemory() {
-      acc.free_memory();
-      acc.gradient_state().sync_gradients = true;
-    }
-  } free_memory{acc};
   if (!resume_from_checkpoint) resume_from_checkpoint = args_.resume_from_checkpoint;
   if (acc.is_main_process() && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
     MIXPREC_WARN("Trainer: removed checkpoint folders a killed run left unfinished in ",
@@ -559,17 +548,17 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
           entry.path().filename().string(),
           "); pass resume_from_checkpoint to continue, or overwrite_output_dir to start over");
   }
-  if (args_.full_determinism)
-    enable_full_determinism(static_cast<uint64_t>(args_.seed));
-  else
-    accelerate::set_seed(static_cast<uint64_t>(args_.seed));
   // As HF's activate_neftune and, when train() returns (here also when it throws),
-  // deactivate_neftune.
+  // deactivate_neftune: the model gets back the alpha it had.
   struct NEFTune {
     models::SupportsNEFTune* model = nullptr;
     std::optional<double> before;
     ~NEFTune() {
-      if (model) model->set_neftune_noise_alpha(before);
+      try {
+        if (model) model->set_neftune_noise_alpha(before);
+      } catch (const std::exception& e) {  // a destructor must not throw
+        MIXPREC_WARN("Trainer: could not restore the model's neftune_noise_alpha: ", e.what());
+      }
     }
   } neftune;
   if (args_.neftune_noise_alpha) {
@@ -580,7 +569,57 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     neftune.model->set_neftune_noise_alpha(args_.neftune_noise_alpha);
   }
 
-  auto loader_options = loader_options_of(args_, acc, args_.per_device_train_batch_size);
+  // As HF's: a resumed run goes on with the batch size its search had found.
+  int64_t batch_size = args_.per_device_train_batch_size;
+  if (args_.auto_find_batch_size && resume_from_checkpoint) {
+    const auto file = fs::path(*resume_from_checkpoint) / "trainer_state.json";
+    batch_size = TrainerState::from_json(io::read_file(file), file.string())
+                     .train_batch_size.value_or(batch_size);
+  }
+  while (true) {
+    try {
+      return train_with_batch_size(resume_from_checkpoint, batch_size);
+    } catch (const c10::Error& e) {
+      // Accelerate's should_reduce_batch_size: the allocators' out-of-memory errors.
+      const std::string what = e.what_without_backtrace();
+      if (!args_.auto_find_batch_size ||
+          (what.find("DefaultCPUAllocator: can't allocate memory") == std::string::npos &&
+           what.find(" out of memory.") == std::string::npos))
+        throw;
+    } catch (const std::bad_alloc&) {
+      if (!args_.auto_find_batch_size) throw;
+    }
+    // Accelerate's find_executable_batch_size: int(batch_size * 0.9).
+    const auto next = static_cast<int64_t>(static_cast<double>(batch_size) * 0.9);
+    TORCH_CHECK(next > 0,
+                "Trainer: auto_find_batch_size: no executable batch size found, reached zero");
+    MIXPREC_WARN("Trainer: out of memory with a batch of ", batch_size, " per device; trying ",
+                 next, " (auto_find_batch_size)");
+    impl.module->zero_grad();  // a failed backward may have left some
+    batch_size = next;
+  }
+}
+
+TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& resume_from_checkpoint,
+                                           int64_t batch_size) {
+  auto& acc = *accelerator_;
+  auto& impl = *impl_;
+  detail::MemoryTracker::Stage measured(impl.memory, "train");  // the last attempt's
+  // This run's optimizer and schedule live in this call: the accelerator forgets them when it
+  // returns (another train() makes them afresh, as HF's does).
+  // The loop says which micro-steps sync; after it, also after an error, every step does.
+  struct FreeMemory {
+    accelerate::Accelerator& acc;
+    ~FreeMemory() {
+      acc.free_memory();
+      acc.gradient_state().sync_gradients = true;
+    }
+  } free_memory{acc};
+  if (args_.full_determinism)
+    enable_full_determinism(static_cast<uint64_t>(args_.seed));
+  else
+    accelerate::set_seed(static_cast<uint64_t>(args_.seed));
+  auto loader_options = loader_options_of(args_, acc, batch_size);
   loader_options.shuffle = args_.train_sampling_strategy == "random";
   loader_options.seed = static_cast<uint64_t>(args_.data_seed.value_or(args_.seed));
   // As HF's: a megabatch is a multiple of the accumulation window's samples. (HF's
@@ -589,11 +628,11 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   // epoch goes on in the same order.)
   if (args_.train_sampling_strategy == "group_by_length")
     group_by_length(loader_options, args_, *impl.train_dataset, impl.main_input_name,
-                    args_.per_device_train_batch_size * args_.gradient_accumulation_steps);
+                    batch_size * args_.gradient_accumulation_steps);
   data::DataLoader loader(impl.train_dataset, loader_options, impl.collate);
   const int64_t batches_per_epoch = static_cast<int64_t>(loader.size());
-  TORCH_CHECK(batches_per_epoch > 0, "Trainer: the train dataset gives no batch of ",
-              args_.per_device_train_batch_size, " samples");
+  TORCH_CHECK(batches_per_epoch > 0, "Trainer: the train dataset gives no batch of ", batch_size,
+              " samples");
   // A last window shorter than gradient_accumulation_steps still updates.
   const int64_t updates_per_epoch =
       std::max<int64_t>((batches_per_epoch + args_.gradient_accumulation_steps - 1) /
@@ -655,7 +694,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   acc.prepare(schedule);  // for save_state and load_state only: stepped below, as HF's Trainer
   auto& position = impl.position;
   position.state = {};
-  position.global_batch = args_.per_device_train_batch_size * acc.num_processes();
+  position.global_batch = batch_size * acc.num_processes();
 
   state_ = TrainerState{};
   state_.max_steps = max_steps;
@@ -663,7 +702,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   state_.logging_steps = absolute_steps(args_.logging_steps, max_steps);
   state_.eval_steps = absolute_steps(args_.eval_steps.value_or(args_.logging_steps), max_steps);
   state_.save_steps = absolute_steps(args_.save_steps, max_steps);
-  state_.train_batch_size = args_.per_device_train_batch_size;
+  state_.train_batch_size = batch_size;
   state_.is_local_process_zero = acc.is_local_main_process();
   state_.is_world_process_zero = acc.is_main_process();
   if (resume_from_checkpoint) {
@@ -699,8 +738,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
       MIXPREC_WARN("Trainer: ", *resume_from_checkpoint, " stopped mid-epoch with a batch of ",
                    *position.saved_global_batch,
                    " samples on all processes together; this run's is ", position.global_batch,
-                   " (per_device_train_batch_size ", args_.per_device_train_batch_size, " x ",
-                   acc.num_processes(),
+                   " (a batch of ", batch_size, " per device x ", acc.num_processes(),
                    " processes), so the rest of the epoch can repeat or skip "
                    "samples");
     if (state_.best_model_checkpoint && !fs::exists(*state_.best_model_checkpoint)) {
@@ -735,8 +773,11 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
     log::info("  Num update steps per epoch = ", with_commas(updates_per_epoch));
     log::info("  Instantaneous batch size per device = ",
               with_commas(args_.per_device_train_batch_size));
+    if (batch_size != args_.per_device_train_batch_size)  // HF's words, for auto_find_batch_size
+      log::info("  Training with DataParallel so batch size has been adjusted to: ",
+                with_commas(batch_size));
     log::info("  Total train batch size (w. parallel, distributed & accumulation) = ",
-              with_commas(args_.per_device_train_batch_size * accumulation * acc.num_processes()));
+              with_commas(batch_size * accumulation * acc.num_processes()));
     log::info("  Gradient Accumulation steps = ", accumulation);
     log::info("  Total optimization steps = ", with_commas(max_steps));
     log::info("  Number of trainable parameters = ",
@@ -1001,8 +1042,8 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   // in the share of its steps run in this call.
   const double schedule_samples =
       args_.max_steps > 0
-          ? static_cast<double>(max_steps * args_.per_device_train_batch_size *
-                                args_.gradient_accumulation_steps * acc.num_processes())
+          ? static_cast<double>(max_steps * batch_size * args_.gradient_accumulation_steps *
+                                acc.num_processes())
           : static_cast<double>(impl.train_dataset->size()) * args_.num_train_epochs;
   const double samples =
       schedule_samples * static_cast<double>(trained) / static_cast<double>(max_steps);

@@ -54,6 +54,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("prediction_loss_only", a.prediction_loss_only),
       argument("include_for_metrics", a.include_for_metrics),
       argument("batch_eval_metrics", a.batch_eval_metrics),
+      argument("auto_find_batch_size", a.auto_find_batch_size),
       argument("gradient_accumulation_steps", a.gradient_accumulation_steps),
       argument("activation_checkpointing", a.activation_checkpointing, {"gradient_checkpointing"}),
       argument("learning_rate", a.learning_rate),

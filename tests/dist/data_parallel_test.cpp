@@ -335,6 +335,10 @@ TEST_F(DataParallel, FindUnusedParametersAllReducesWhatSomeRanksDoNotUse) {
       net->zero_grad();
       model(x).pow(2).sum().backward();
     }
+    EXPECT_NE(error_of([&] {
+                (void)finding.trigger_sync_in_backward(model);
+              }).find("not with ddp.find_unused_parameters"),
+              std::string::npos);
     expect_same_on_every_rank(accelerator, net->first->weight.grad());
     if (rank0_uses_second) {
       expect_same_on_every_rank(accelerator, net->second->weight.grad());
@@ -985,7 +989,7 @@ TEST_F(DataParallelTimeout, TrainerDdpTimeoutEndsAWaitForAProcessThatNeverComes)
     EXPECT_NE(error.find("Timed out waiting 2000ms"), std::string::npos) << error;
     EXPECT_LT(waited, 60.0);
   } else {  // stays (so that the wait times out, not its connection) but never joins
-    for (int i = 0; i < 600 && !std::filesystem::exists(done); ++i)
+    for (int i = 0; i < 1200 && !std::filesystem::exists(done); ++i)
       std::this_thread::sleep_for(std::chrono::milliseconds(100));
     std::filesystem::remove(done);
   }

@@ -1486,12 +1486,10 @@ TEST_F(TrainerTest, TokensSeenAndFlosCarryOnAcrossAResume) {
   EXPECT_EQ(run("tokens_all", "all", 2, std::nullopt).num_input_tokens_seen, 2 * 4 * 8);
 }
 
-// TrainingArguments::activation_checkpointing (HF's gradient_checkpointing): the same losses on
-// GPT-2 with dropout, in bf16; a model without the capability is an error naming it.
 // NEFTune (neftune_noise_alpha): noise on the input embeddings while train() runs and the model
 // is in training mode. The training loss moves; the evaluation at the last step equals
-// evaluate() of the same weights afterwards; train() leaves no noise set, as HF's
-// deactivate_neftune. A model without input embeddings is an error.
+// evaluate() of the same weights afterwards; train() gives the model back the alpha it had (HF's
+// deactivate_neftune removes its hook). A model without input embeddings is an error.
 TEST_F(TrainerTest, NEFTuneNoisesTrainingOnly) {
   torch::manual_seed(0);
   const auto ids = torch::randint(256, {16, 32});
@@ -1507,9 +1505,10 @@ TEST_F(TrainerTest, NEFTuneNoisesTrainingOnly) {
     a.per_device_train_batch_size = 4;
     a.max_steps = 4;
     a.neftune_noise_alpha = alpha;
+    if (alpha) model->set_neftune_noise_alpha(1.0);  // the user's, for outside train()
     Trainer trainer(model, a, tokens, tokens);
     const double loss = trainer.train().training_loss;
-    EXPECT_FALSE(model->neftune_noise_alpha());
+    EXPECT_EQ(model->neftune_noise_alpha(), alpha ? std::optional(1.0) : std::nullopt);
     EXPECT_EQ(
         trainer.evaluate().at("eval_loss"),
         trainer.state().log_history.at(trainer.state().log_history.size() - 2).at("eval_loss"));
@@ -1526,6 +1525,63 @@ TEST_F(TrainerTest, NEFTuneNoisesTrainingOnly) {
             std::string::npos);
 }
 
+// auto_find_batch_size: a model whose batches of more than 3 samples make LibTorch's allocator
+// fail (a 1 PiB tensor, past any address space) trains at 8, then as Accelerate's search goes,
+// 7, 6, 5, 4 and 3, and ends where a run started at 3 ends; its checkpoint records 3, which a
+// resumed run takes. Without the argument, the allocator's error stands.
+TEST_F(TrainerTest, AutoFindBatchSizeShrinksTheBatchOnOutOfMemory) {
+  struct Hungry : torch::nn::Module {
+    Hungry() : fc(register_module("fc", torch::nn::Linear(6, 3))) {}
+    mixprec::models::ModelOutput forward(const mixprec::data::Batch& batch) {
+      if (batch.at("x").size(0) > 3) at::empty({int64_t{1} << 50}, at::kByte);
+      auto logits = fc(batch.at("x"));
+      return {torch::nn::functional::cross_entropy(logits, batch.at("labels")), logits};
+    }
+    torch::nn::Linear fc;
+  };
+  struct Run {
+    at::Tensor params;
+    int64_t train_batch_size;
+    std::vector<std::string> warnings;
+  };
+  const auto run = [&](const std::string& name, int64_t batch, bool auto_find,
+                       std::optional<std::string> resume = std::nullopt) {
+    torch::manual_seed(0);
+    auto model = std::make_shared<Hungry>();
+    auto a = args(name);
+    a.eval_strategy = "no";
+    a.save_strategy = "steps";
+    a.save_steps = 10;
+    a.max_steps = 15;
+    a.per_device_train_batch_size = batch;
+    a.auto_find_batch_size = auto_find;
+    Trainer trainer(model, a, train_);
+    mixprec::testing::CapturedWarnings warnings;
+    trainer.train(resume);
+    return Run{flat_params(*model), *trainer.state().train_batch_size, warnings.messages};
+  };
+  const auto found = run("found", 8, true);
+  const auto three = run("three", 3, false);
+  EXPECT_TRUE(torch::equal(found.params, three.params));
+  EXPECT_EQ(found.train_batch_size, 3);
+  std::vector<std::string> expected;
+  for (const auto& [from, to] : {std::pair{8, 7}, {7, 6}, {6, 5}, {5, 4}, {4, 3}})
+    expected.push_back("Trainer: out of memory with a batch of " + std::to_string(from) +
+                       " per device; trying " + std::to_string(to) + " (auto_find_batch_size)");
+  EXPECT_EQ(found.warnings, expected);
+  const auto checkpoint = (dir_ / "found" / "checkpoint-10").string();
+  EXPECT_EQ(json::parse(std::ifstream(checkpoint + "/trainer_state.json"))["train_batch_size"], 3);
+  const auto resumed = run("found", 8, true, checkpoint);
+  EXPECT_TRUE(resumed.warnings.empty());
+  EXPECT_TRUE(torch::equal(resumed.params, found.params));
+  EXPECT_NE(mixprec::testing::error_of([&] {
+              run("not_found", 8, false);
+            }).find("DefaultCPUAllocator: can't allocate memory"),
+            std::string::npos);
+}
+
+// TrainingArguments::activation_checkpointing (HF's gradient_checkpointing): the same losses on
+// GPT-2 with dropout, in bf16; a model without the capability is an error naming it.
 TEST_F(TrainerTest, ActivationCheckpointingTrainsTheSame) {
   torch::manual_seed(0);
   const auto ids = torch::randint(256, {16, 32});

@@ -422,6 +422,9 @@ class Accelerator {
   /// to search from (Accelerate's then takes every parameter as unused).
   template <ModuleHandle M>
   [[nodiscard]] GradSyncGuard trigger_sync_in_backward(const PreparedModel<M>& model) const {
+    TORCH_CHECK(!model.reducer_ || !model.reducer_->options().find_unused_parameters,
+                "Accelerator::trigger_sync_in_backward: not with ddp.find_unused_parameters, "
+                "which needs the outputs of the forward that the backward follows");
     if (model.reducer_) model.reducer_->prepare_for_backward();
     return GradSyncGuard(model.reducer_, true);
   }

@@ -13,7 +13,8 @@ at::Tensor add_neftune_noise(const at::Tensor& embeddings, double alpha);
 
 /// A model whose input embeddings (HF's `get_input_embeddings()`) get NEFTune noise while it is
 /// in training mode. The Trainer sets it for `TrainingArguments::neftune_noise_alpha` during
-/// `train()`, and unsets it after, as HF's activate/deactivate_neftune.
+/// `train()` and gives back the previous value after, also when train() throws (HF's
+/// activate/deactivate_neftune; HF's leaves its hook after an error).
 class SupportsNEFTune {
  public:
   virtual ~SupportsNEFTune() = default;

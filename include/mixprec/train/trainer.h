@@ -185,6 +185,9 @@ class Trainer {
   /// checkpoint and a message saying how to resume (a second signal kills at
   /// once). A non-finite loss without a loss scaler (fp32, bf16) stops it with
   /// an error naming the last good checkpoint: no step is taken on it.
+  ///
+  /// With `auto_find_batch_size`, a run that runs out of memory (LibTorch's allocator's error,
+  /// CUDA's or std::bad_alloc) starts again with 0.9 x the batch size per device, as HF's.
   TrainOutput train(std::optional<std::string> resume_from_checkpoint = std::nullopt);
   /// Loss and compute_metrics on `eval_dataset` (the constructor's by
   /// default), prefixed "eval_".
@@ -213,6 +216,9 @@ class Trainer {
     else
       return model;
   }
+  // train() with this batch per device, from this checkpoint (resolved, or none).
+  TrainOutput train_with_batch_size(const std::optional<std::string>& resume_from_checkpoint,
+                                    int64_t batch_size);
   // Writes a checkpoint of the run into output_dir/checkpoint-<global_step> (in train()); of the
   // model and the Trainer's files only with `model_only`.
   void save_checkpoint(bool model_only);

@@ -51,6 +51,9 @@ struct TrainingArguments {
   /// last, whose metrics are the evaluation's) instead of once on them all, so that no logits are
   /// kept for the whole evaluation set.
   bool batch_eval_metrics = false;
+  /// On running out of memory, train() starts again with 0.9 x the batch per device, down to 1
+  /// (Accelerate's find_executable_batch_size); a resumed run starts from its checkpoint's.
+  bool auto_find_batch_size = false;
   int64_t gradient_accumulation_steps = 1;
   /// Recompute each layer's activations in the backward instead of keeping them (the model's
   /// `activation_checkpointing_enable()`; models::SupportsActivationCheckpointing). Also read
