@@ -1307,6 +1307,13 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
         !label_names.empty() && std::ranges::all_of(label_names, [&](const std::string& name) {
           return on_device.count(name) > 0;
         });
+    // As HF's compute_loss, which such a batch goes through: no loss is an error.
+    TORCH_CHECK(!has_labels || out.loss.defined(),
+                "Trainer: the model did not return a loss from the inputs, only the following "
+                "keys: ",
+                out.logits.defined() ? "logits" : "",
+                ". For reference, the inputs it received are ", c10::Join(",", keys_of(on_device)),
+                ".");
     at::Tensor batch_losses, batch_logits, batch_inputs;
     std::vector<at::Tensor> batch_labels;  // one per label name
     if (out.loss.defined() &&

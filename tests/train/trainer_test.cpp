@@ -1419,6 +1419,15 @@ TEST_F(TrainerTest, ClearErrors) {
             "Trainer: label_smoothing_factor smooths the model's logits, but the model returned "
             "none");
   a.label_smoothing_factor = 0;
+  // As HF's compute_loss: an evaluation batch with labels must give a loss.
+  auto logits_only = [&](const mixprec::data::Batch& batch) {
+    return mixprec::models::ModelOutput{at::Tensor(), model->forward(batch).logits};
+  };
+  EXPECT_EQ(mixprec::testing::error_of([&] {
+              Trainer(model.ptr(), logits_only, a, train_, eval_, {}, {}, {}).evaluate();
+            }),
+            "Trainer: the model did not return a loss from the inputs, only the following keys: "
+            "logits. For reference, the inputs it received are labels,x.");
   Trainer trainer(model, a, train_);
   trainer.train();
   Trainer again(model, a, train_);
