@@ -1316,8 +1316,7 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
                 ".");
     at::Tensor batch_losses, batch_logits, batch_inputs;
     std::vector<at::Tensor> batch_labels;  // one per label name
-    if (out.loss.defined() &&
-        has_labels)  // the batch's mean loss for each sample, as HF repeats it
+    if (has_labels)  // the batch's mean loss (checked above) for each sample, as HF repeats it
       batch_losses = acc.gather(out.loss.detach()
                                     .to(at::kFloat)
                                     .mean()
