@@ -84,10 +84,9 @@ Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<
     c10::impl::getDeviceGuardImpl(c10::kCUDA)->setDevice(shared_->device);
   if (mp == "fp16") {
     shared_->autocast_dtype = c10::kHalf;
-    // fp16 without loss scaling loses small gradients: the scaler is always on.
-    auto scaler_options = options.scaler;
-    scaler_options.enabled = true;
-    shared_->scaler = std::make_unique<amp::GradScaler>(scaler_options);
+    // Without the scaler (Accelerate's GradScalerKwargs(enabled=False)), small fp16 gradients
+    // underflow: the user's choice, as in Accelerate.
+    if (options.scaler.enabled) shared_->scaler = std::make_unique<amp::GradScaler>(options.scaler);
   } else if (mp == "bf16") {
     shared_->autocast_dtype = c10::kBFloat16;
   }
@@ -556,7 +555,7 @@ void AcceleratedScheduler::step() {
   for (int64_t i = 0; i < steps; ++i) scheduler_->step();
 }
 
-void Accelerator::backward(const at::Tensor& loss) {
+void Accelerator::backward(const at::Tensor& loss, const BackwardOptions& options) {
   // Dividing by 1 changes nothing, but costs an op and an autograd node a step.
   const int64_t steps = shared_->gradient_state.num_steps;
   // optim::OptimizerInBackward's hooks would update inside this backward: at every micro-batch,
@@ -576,7 +575,11 @@ void Accelerator::backward(const at::Tensor& loss) {
   }
   at::Tensor scaled = steps == 1 ? loss : loss / steps;
   if (shared_->scaler) scaled = shared_->scaler->scale(scaled);
-  scaled.backward();
+  if (options.inputs)
+    scaled.backward({}, options.retain_graph, options.create_graph,
+                    at::TensorList(*options.inputs));
+  else
+    scaled.backward({}, options.retain_graph, options.create_graph);
   // Complete (and all-reduced) gradients, still scaled: what fp16 held.
   if (shared_->monitor && shared_->gradient_state.sync_gradients)
     shared_->monitor->record_gradients(shared_->scaler ? std::optional(shared_->scaler->get_scale())
@@ -585,7 +588,7 @@ void Accelerator::backward(const at::Tensor& loss) {
 
 Accelerator::AccumulateGuard Accelerator::accumulate() {
   auto& state = shared_->gradient_state;
-  if (state.end_of_dataloader) {
+  if (shared_->options.sync_with_dataloader && state.end_of_dataloader) {
     shared_->step = 0;
     state.sync_gradients = true;
   } else {

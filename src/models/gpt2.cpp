@@ -265,7 +265,7 @@ torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids) {
     auto block = h->ptr<GPT2BlockImpl>(i);
     if (checkpointing && i % checkpoint_every_n_layers_ == 0)
       x = activation_checkpoint([block](const torch::Tensor& t) { return block->forward(t); }, x,
-                                block->parameters());
+                                block->parameters(), checkpoint_preserve_rng_state_);
     else
       x = block->forward(x);
   }
@@ -278,10 +278,12 @@ void GPT2ModelImpl::set_neftune_noise_alpha(std::optional<double> alpha) {
   neftune_noise_alpha_ = alpha;
 }
 
-void GPT2ModelImpl::activation_checkpointing_enable(int64_t every_n_layers) {
+void GPT2ModelImpl::activation_checkpointing_enable(int64_t every_n_layers,
+                                                    bool preserve_rng_state) {
   TORCH_CHECK(every_n_layers >= 1, "GPT-2: activation_checkpointing_enable: every_n_layers is ",
               every_n_layers, ", expected >= 1");
   checkpoint_every_n_layers_ = every_n_layers;
+  checkpoint_preserve_rng_state_ = preserve_rng_state;
 }
 
 GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config) : config_(std::move(config)) {

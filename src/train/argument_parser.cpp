@@ -198,6 +198,11 @@ std::string type_name(const double&) { return "a number"; }
 std::string type_name(const std::string&) { return "a string"; }
 std::string type_name(const std::vector<std::string>&) { return "a list of strings"; }
 std::string type_name(const optim::SchedulerKwargs&) { return "an object of numbers and strings"; }
+std::string type_name(const ActivationCheckpointingKwargs&) {
+  return "an object (every_n_layers, preserve_rng_state)";
+}
+std::string type_name(const GradientAccumulationKwargs&) { return "an object"; }
+std::string type_name(const AcceleratorConfig&) { return "an object or a file's path"; }
 
 void assign_value(bool& field, const json& v, const std::string& prefix) {
   TORCH_CHECK(v.is_boolean(), prefix, " expects a boolean, got ", describe(v));
@@ -240,9 +245,9 @@ void assign_value(std::vector<std::string>& field, const json& v, const std::str
   field = v.get<std::vector<std::string>>();
 }
 
-void assign_value(optim::SchedulerKwargs& field, const json& v, const std::string& prefix) {
-  const std::string expected = " expects an object of numbers and strings, got ";
-  // As HF's dict fields, also JSON text ('{"num_cycles": 2}').
+namespace {
+// As HF's dict fields, an object or its JSON text ('{"num_cycles": 2}').
+json object_or_json_text(const json& v, const std::string& prefix, const std::string& expected) {
   json object = v;
   if (v.is_string() && v.get<std::string>().starts_with("{")) {
     try {
@@ -251,10 +256,39 @@ void assign_value(optim::SchedulerKwargs& field, const json& v, const std::strin
       TORCH_CHECK(false, prefix, expected, describe(v), ", which is not JSON: ", e.what());
     }
   }
-  TORCH_CHECK(
-      object.is_object() && std::all_of(object.begin(), object.end(),
-                                        [](auto& e) { return e.is_number() || e.is_string(); }),
-      prefix, expected, describe(v));
+  TORCH_CHECK(object.is_object(), prefix, expected, describe(v));
+  return object;
+}
+
+// Each key of `object` to its field's reader; another key is an error that lists the known ones.
+using KeyReaders =
+    std::vector<std::pair<std::string, std::function<void(const json&, const std::string&)>>>;
+void assign_keys(const json& object, const std::string& prefix, const KeyReaders& readers) {
+  for (const auto& [key, value] : object.items()) {
+    const std::string at = prefix + " key '" + key + "'";
+    const auto reader =
+        std::find_if(readers.begin(), readers.end(), [&](const auto& r) { return r.first == key; });
+    if (reader != readers.end()) {
+      reader->second(value, at);
+      continue;
+    }
+    std::string known;
+    for (const auto& r : readers) known += (known.empty() ? "" : ", ") + r.first;
+    TORCH_CHECK(false, at, " is not one of ", known);
+  }
+}
+template <typename T>
+auto reader(T& field) {
+  return [&field](const json& v, const std::string& at) { assign_value(field, v, at); };
+}
+}  // namespace
+
+void assign_value(optim::SchedulerKwargs& field, const json& v, const std::string& prefix) {
+  const std::string expected = " expects an object of numbers and strings, got ";
+  const json object = object_or_json_text(v, prefix, expected);
+  TORCH_CHECK(std::all_of(object.begin(), object.end(),
+                          [](auto& e) { return e.is_number() || e.is_string(); }),
+              prefix, expected, describe(v));
   optim::SchedulerKwargs kwargs;
   for (const auto& [key, value] : object.items()) {
     check_utf8(key, prefix);
@@ -266,6 +300,76 @@ void assign_value(optim::SchedulerKwargs& field, const json& v, const std::strin
     }
   }
   field = std::move(kwargs);
+}
+
+void assign_value(ActivationCheckpointingKwargs& field, const json& v, const std::string& prefix) {
+  ActivationCheckpointingKwargs kwargs;
+  // What mixprec's checkpoint does, and nothing else: their true is an error.
+  const auto only_false = [](const char* why) {
+    return [why](const json& value, const std::string& at) {
+      bool on = false;
+      assign_value(on, value, at);
+      TORCH_CHECK(!on, at, " is true, which mixprec does not have: ", why);
+    };
+  };
+  assign_keys(object_or_json_text(v, prefix, " expects an object, got "), prefix,
+              {{"every_n_layers", reader(kwargs.every_n_layers)},
+               {"preserve_rng_state", reader(kwargs.preserve_rng_state)},
+               {"use_reentrant", only_false("its checkpoint is the non-reentrant one")},
+               {"offload", only_false("it keeps the saved activations where they are made (HF's "
+                                      "offload needs an accelerator's pinned host memory)")}});
+  field = kwargs;
+}
+
+void assign_value(GradientAccumulationKwargs& field, const json& v, const std::string& prefix) {
+  GradientAccumulationKwargs kwargs;
+  bool unused = false;
+  assign_keys(object_or_json_text(v, prefix, " expects an object, got "), prefix,
+              {{"num_steps", reader(kwargs.num_steps)},
+               {"sync_each_batch", reader(kwargs.sync_each_batch)},
+               {"sync_with_dataloader", reader(unused)},
+               {"adjust_scheduler", reader(unused)}});
+  field = kwargs;
+}
+
+void assign_value(AcceleratorConfig& field, const json& v, const std::string& prefix) {
+  json object = v;
+  if (v.is_string() && !v.get<std::string>().starts_with("{"))  // a file, as HF's
+    object = read_config_file(v.get<std::string>(), prefix);
+  AcceleratorConfig config;
+  assign_keys(object_or_json_text(object, prefix, " expects an object or a file's path, got "),
+              prefix,
+              {{"split_batches", reader(config.split_batches)},
+               {"dispatch_batches", reader(config.dispatch_batches)},
+               {"even_batches", reader(config.even_batches)},
+               {"use_seedable_sampler", reader(config.use_seedable_sampler)},
+               {"non_blocking", reader(config.non_blocking)},
+               {"gradient_accumulation_kwargs", reader(config.gradient_accumulation_kwargs)},
+               {"use_configured_state", reader(config.use_configured_state)}});
+  field = config;
+}
+
+json to_json_value(const GradientAccumulationKwargs& field) {
+  return {{"num_steps", field.num_steps ? json(*field.num_steps) : json(nullptr)},
+          {"sync_each_batch", field.sync_each_batch}};
+}
+
+json to_json_value(const AcceleratorConfig& field) {
+  return {
+      {"split_batches", field.split_batches},
+      {"dispatch_batches", field.dispatch_batches ? json(*field.dispatch_batches) : json(nullptr)},
+      {"even_batches", field.even_batches},
+      {"use_seedable_sampler", field.use_seedable_sampler},
+      {"non_blocking", field.non_blocking},
+      {"gradient_accumulation_kwargs", field.gradient_accumulation_kwargs
+                                           ? to_json_value(*field.gradient_accumulation_kwargs)
+                                           : json(nullptr)},
+      {"use_configured_state", field.use_configured_state}};
+}
+
+json to_json_value(const ActivationCheckpointingKwargs& field) {
+  return {{"every_n_layers", field.every_n_layers},
+          {"preserve_rng_state", field.preserve_rng_state}};
 }
 
 json to_json_value(const optim::SchedulerKwargs& field) {
@@ -302,6 +406,12 @@ json words_value(const double&, const std::vector<std::string>& words) {
 }
 json words_value(const optim::SchedulerKwargs&, const std::vector<std::string>& words) {
   return words_value(std::string(), words);  // JSON text, read by assign_value
+}
+json words_value(const ActivationCheckpointingKwargs&, const std::vector<std::string>& words) {
+  return words_value(std::string(), words);
+}
+json words_value(const AcceleratorConfig&, const std::vector<std::string>& words) {
+  return words_value(std::string(), words);  // JSON text or a file's path
 }
 
 }  // namespace mixprec::train::detail

@@ -3,7 +3,7 @@
 // Internal: not installed.
 #pragma once
 
-#include "mixprec/optim/scheduler_kwargs.h"
+#include "mixprec/train/training_args.h"
 
 #include <nlohmann/json.hpp>
 
@@ -12,10 +12,6 @@
 #include <optional>
 #include <string>
 #include <vector>
-
-namespace mixprec::train {
-struct TrainingArguments;
-}
 
 namespace mixprec::train::detail {
 
@@ -78,6 +74,9 @@ std::string type_name(const double&);
 std::string type_name(const std::string&);
 std::string type_name(const std::vector<std::string>&);
 std::string type_name(const optim::SchedulerKwargs&);
+std::string type_name(const ActivationCheckpointingKwargs&);
+std::string type_name(const GradientAccumulationKwargs&);
+std::string type_name(const AcceleratorConfig&);
 template <typename T>
 std::string type_name(const std::optional<T>&) {
   return type_name(T{}) + " or null";
@@ -89,6 +88,9 @@ void assign_value(double& field, const json& v, const std::string& prefix);
 void assign_value(std::string& field, const json& v, const std::string& prefix);
 void assign_value(std::vector<std::string>& field, const json& v, const std::string& prefix);
 void assign_value(optim::SchedulerKwargs& field, const json& v, const std::string& prefix);
+void assign_value(ActivationCheckpointingKwargs& field, const json& v, const std::string& prefix);
+void assign_value(GradientAccumulationKwargs& field, const json& v, const std::string& prefix);
+void assign_value(AcceleratorConfig& field, const json& v, const std::string& prefix);
 template <typename T>
 void assign_value(std::optional<T>& field, const json& v, const std::string& prefix) {
   if (v.is_null()) {
@@ -106,12 +108,17 @@ json words_value(const std::vector<std::string>&, const std::vector<std::string>
 json words_value(const int64_t&, const std::vector<std::string>& words);
 json words_value(const double&, const std::vector<std::string>& words);
 json words_value(const optim::SchedulerKwargs&, const std::vector<std::string>& words);
+json words_value(const ActivationCheckpointingKwargs&, const std::vector<std::string>& words);
+json words_value(const AcceleratorConfig&, const std::vector<std::string>& words);
 // The field as training_args.json and help show it.
 template <typename T>
 json to_json_value(const T& field) {
   return field;
 }
 json to_json_value(const optim::SchedulerKwargs& field);
+json to_json_value(const ActivationCheckpointingKwargs& field);
+json to_json_value(const GradientAccumulationKwargs& field);
+json to_json_value(const AcceleratorConfig& field);
 template <typename T>
 json words_value(const std::optional<T>&, const std::vector<std::string>& words) {
   if (!words.empty() && (words[0] == "None" || words[0] == "null")) return nullptr;

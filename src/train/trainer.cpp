@@ -120,6 +120,7 @@ data::DataLoaderOptions loader_options_of(const TrainingArguments& args,
   return {.batch_size = static_cast<size_t>(batch_size),
           .drop_last = args.dataloader_drop_last,
           .num_workers = static_cast<size_t>(args.dataloader_num_workers),
+          .prefetch_factor = static_cast<size_t>(args.dataloader_prefetch_factor.value_or(2)),
           .num_replicas = static_cast<size_t>(acc.num_processes()),
           .rank = static_cast<size_t>(acc.process_index()),
           .sharding = data::Sharding::kBatchSamplerShard};
@@ -466,7 +467,9 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
     TORCH_CHECK(model, "Trainer: activation_checkpointing is true, but ", module->name(),
                 " does not support activation checkpointing (models::"
                 "SupportsActivationCheckpointing)");
-    model->activation_checkpointing_enable();
+    const auto kwargs =
+        args_.activation_checkpointing_kwargs.value_or(ActivationCheckpointingKwargs{});
+    model->activation_checkpointing_enable(kwargs.every_n_layers, kwargs.preserve_rng_state);
   }
   impl_->module = std::move(module);
   impl_->kwargs.model = impl_->module.get();
@@ -487,6 +490,8 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
       // As HF's: the Trainer divides each loss by its accumulation window's length itself
       // (shorter at an epoch's end) and says which micro-steps sync.
       .gradient_accumulation_steps = 1,
+      .sync_each_batch = args_.accelerator_config.gradient_accumulation_kwargs &&
+                         args_.accelerator_config.gradient_accumulation_kwargs->sync_each_batch,
       .cpu = args_.use_cpu,
       // DeepSpeed's min_loss_scale: a run whose gradients overflow even at
       // scale 1 would skip every step from then on; it stops instead.

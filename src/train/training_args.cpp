@@ -56,7 +56,10 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("batch_eval_metrics", a.batch_eval_metrics),
       argument("auto_find_batch_size", a.auto_find_batch_size),
       argument("gradient_accumulation_steps", a.gradient_accumulation_steps),
+      argument("accelerator_config", a.accelerator_config),
       argument("activation_checkpointing", a.activation_checkpointing, {"gradient_checkpointing"}),
+      argument("activation_checkpointing_kwargs", a.activation_checkpointing_kwargs,
+               {"gradient_checkpointing_kwargs"}),
       argument("learning_rate", a.learning_rate),
       argument("weight_decay", a.weight_decay),
       argument("adam_beta1", a.adam_beta1),
@@ -91,6 +94,9 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("length_column_name", a.length_column_name),
       argument("dataloader_num_workers", a.dataloader_num_workers),
       argument("dataloader_drop_last", a.dataloader_drop_last),
+      argument("dataloader_prefetch_factor", a.dataloader_prefetch_factor),
+      argument("dataloader_persistent_workers", a.dataloader_persistent_workers),
+      argument("dataloader_pin_memory", a.dataloader_pin_memory),
       argument("average_tokens_across_devices", a.average_tokens_across_devices),
       include_num_input_tokens_seen(a),
       argument("optim", a.optim),
@@ -118,6 +124,31 @@ namespace {
 
 bool one_of(const std::string& value, std::initializer_list<const char*> allowed) {
   return std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return value == a; });
+}
+
+// HF's Trainer reads gradient_accumulation_kwargs' num_steps as gradient_accumulation_steps.
+void validate_accelerator_config(TrainingArguments& a) {
+  const auto& c = a.accelerator_config;
+  for (const auto& [name, supported] :
+       {std::pair{"split_batches", !c.split_batches},
+        std::pair{"dispatch_batches", !c.dispatch_batches.value_or(false)},
+        std::pair{"even_batches", c.even_batches},
+        std::pair{"use_seedable_sampler", c.use_seedable_sampler},
+        std::pair{"use_configured_state", !c.use_configured_state}})
+    TORCH_CHECK(supported, "TrainingArguments: accelerator_config's ", name,
+                " is not supported by mixprec's Trainer, only its default");
+  if (!c.gradient_accumulation_kwargs || !c.gradient_accumulation_kwargs->num_steps) return;
+  const int64_t num_steps = *c.gradient_accumulation_kwargs->num_steps;
+  TORCH_CHECK(num_steps >= 1,
+              "TrainingArguments: accelerator_config's gradient_accumulation_kwargs' num_steps "
+              "must be >= 1, got ",
+              num_steps);
+  // HF's error when gradient_accumulation_steps is another value (validating twice is fine).
+  TORCH_CHECK(a.gradient_accumulation_steps == 1 || a.gradient_accumulation_steps == num_steps,
+              "TrainingArguments: accelerator_config's gradient_accumulation_kwargs' num_steps (",
+              num_steps, ") is set but gradient_accumulation_steps is ",
+              a.gradient_accumulation_steps, "; set only one of them");
+  a.gradient_accumulation_steps = num_steps;
 }
 
 }  // namespace
@@ -200,9 +231,25 @@ void TrainingArguments::validate() {
   TORCH_CHECK(gradient_accumulation_steps >= 1,
               "TrainingArguments: gradient_accumulation_steps must be >= 1, got ",
               gradient_accumulation_steps);
+  validate_accelerator_config(*this);
+  TORCH_CHECK(
+      !activation_checkpointing_kwargs || activation_checkpointing_kwargs->every_n_layers >= 1,
+      "TrainingArguments: activation_checkpointing_kwargs' every_n_layers must be >= 1, "
+      "got ",
+      activation_checkpointing_kwargs ? activation_checkpointing_kwargs->every_n_layers : 0);
   TORCH_CHECK(dataloader_num_workers >= 0,
               "TrainingArguments: dataloader_num_workers must be >= 0, got ",
               dataloader_num_workers);
+  // HF's message, and torch's DataLoader's for persistent_workers.
+  TORCH_CHECK(dataloader_num_workers > 0 || !dataloader_prefetch_factor,
+              "TrainingArguments: dataloader_prefetch_factor can only be set when data is loaded "
+              "in a different thread, i.e. when dataloader_num_workers > 0");
+  TORCH_CHECK(!dataloader_prefetch_factor || *dataloader_prefetch_factor > 0,
+              "TrainingArguments: dataloader_prefetch_factor must be > 0, got ",
+              dataloader_prefetch_factor.value_or(0));
+  TORCH_CHECK(dataloader_num_workers > 0 || !dataloader_persistent_workers,
+              "TrainingArguments: dataloader_persistent_workers needs dataloader_num_workers > 0");
+  if (use_cpu) dataloader_pin_memory = false;
   TORCH_CHECK(warmup_steps >= 0, "Got warmup_steps = ", warmup_steps,
               ", Expected value warmup_steps >= 0");
   TORCH_CHECK(neftune_noise_alpha.value_or(0) >= 0,

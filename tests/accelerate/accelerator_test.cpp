@@ -129,6 +129,29 @@ TEST(Accelerator, AccumulateSyncsEveryNStepsAndAtTheEndOfTheData) {
   EXPECT_EQ(syncs, (std::vector<bool>{false, false, true, false, true, false, false}));
 }
 
+// Accelerate's sync_with_dataloader = false: the end of a prepared loader does not end the
+// window, which goes on into the next pass.
+TEST(Accelerator, AccumulateWithoutSyncWithDataloaderCountsAcrossPasses) {
+  const auto data = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"x", torch::arange(6)}});
+  for (const bool with_loader : {true, false}) {
+    Accelerator accelerator(
+        {.gradient_accumulation_steps = 2, .sync_with_dataloader = with_loader});
+    auto loader = accelerator.prepare_data_loader(data, {.batch_size = 2});
+    std::vector<bool> syncs;
+    for (int pass = 0; pass < 2; ++pass) {
+      for ([[maybe_unused]] const auto& batch : loader) {
+        auto guard = accelerator.accumulate();
+        syncs.push_back(accelerator.sync_gradients());
+      }
+    }
+    // Three batches a pass: the third ends the window, or the window goes on.
+    const auto expected = with_loader ? std::vector<bool>{false, true, true, false, true, true}
+                                      : std::vector<bool>{false, true, false, true, false, true};
+    EXPECT_EQ(syncs, expected);
+  }
+}
+
 TEST(Accelerator, AccumulatedGradientsEqualOneBigBatch) {
   torch::manual_seed(0);
   auto x = torch::randn({8, 4});
@@ -181,6 +204,61 @@ TEST(Accelerator, Fp16SkipsTheStepAndHoldsTheSchedulerOnInf) {
   EXPECT_FALSE(accelerator.optimizer_step_was_skipped());
   EXPECT_FALSE(torch::equal(probe->fc->weight.detach(), before));
   EXPECT_DOUBLE_EQ(scheduler.get_last_lr()[0], 0.09);
+}
+
+// Accelerate's GradScalerKwargs(enabled=False): fp16 autocast without loss scaling. The
+// gradients are those of the loss itself, and an inf reaches the optimizer.
+TEST(Accelerator, Fp16WithTheScalerDisabledDoesNotScale) {
+  Accelerator accelerator({.mixed_precision = "fp16", .scaler = {.enabled = false}});
+  EXPECT_EQ(accelerator.scaler(), nullptr);
+  Probe probe;
+  torch::optim::SGD sgd(probe->parameters(), 0.1);
+  auto [model, optimizer] = accelerator.prepare(probe, sgd);
+  torch::manual_seed(0);
+  const auto x = torch::randn({2, 4});
+  const auto labels = torch::tensor({0, 1});
+  accelerator.backward(model(x, labels).loss);
+  EXPECT_EQ(probe->seen, at::kHalf);
+  const auto grad = probe->fc->weight.grad().clone();
+  probe->zero_grad();
+  at::Tensor loss;
+  {
+    mixprec::amp::Autocast autocast(at::kCPU, at::kHalf);
+    loss = probe->forward(x, labels).loss;
+  }
+  loss.backward();
+  EXPECT_TRUE(torch::equal(grad, probe->fc->weight.grad()));
+  optimizer.zero_grad();
+
+  accelerator.backward(model(x, labels).loss * std::numeric_limits<float>::infinity());
+  optimizer.step();
+  EXPECT_FALSE(accelerator.optimizer_step_was_skipped());
+  EXPECT_FALSE(torch::isfinite(probe->fc->weight).all().item<bool>());
+}
+
+// Accelerate's backward(loss, **kwargs): retain_graph, create_graph and inputs reach
+// Tensor::backward, after the division by the accumulation steps.
+TEST(Accelerator, BackwardPassesItsOptionsOn) {
+  Accelerator accelerator({.gradient_accumulation_steps = 2});
+  Probe probe;
+  torch::optim::SGD sgd(probe->parameters(), 0.1);
+  auto [model, optimizer] = accelerator.prepare(probe, sgd);
+  torch::manual_seed(0);
+  const auto loss = model(torch::randn({2, 4}), torch::tensor({0, 1})).loss;
+  const auto& weight = probe->fc->weight;
+  const auto& bias = probe->fc->bias;
+  const auto expected = torch::autograd::grad({loss / 2}, {weight}, {}, /*retain_graph=*/true)[0];
+  accelerator.backward(loss, {.retain_graph = true, .inputs = std::vector<at::Tensor>{weight}});
+  EXPECT_TRUE(torch::allclose(weight.grad(), expected));
+  EXPECT_FALSE(bias.grad().defined());  // not among the inputs
+  accelerator.backward(loss);           // the graph is still there
+  EXPECT_TRUE(torch::allclose(weight.grad(), 2 * expected));
+  EXPECT_NE(error_of([&] { accelerator.backward(loss); }).find("a second time"), std::string::npos);
+
+  const auto x = torch::randn({2, 4}, torch::requires_grad());
+  accelerator.backward(model(x, torch::tensor({0, 1})).loss,
+                       {.create_graph = true, .inputs = std::vector<at::Tensor>{x}});
+  EXPECT_TRUE(x.grad().requires_grad());  // a graph to differentiate again
 }
 
 TEST(Accelerator, ClippingUnscalesOncePerStep) {

@@ -1,4 +1,5 @@
 #include "mixprec/amp/autocast.h"
+#include "mixprec/amp/custom_function.h"
 
 #include <ATen/autocast_mode.h>
 #include "test_util.h"
@@ -132,6 +133,119 @@ TEST(Autocast, UnsupportedDeviceIsAnError) {
   EXPECT_NE(mixprec::testing::error_of([] {
               mixprec::amp::Autocast guard(c10::DeviceType::FPGA);
             }).find("unsupported autocast device_type 'fpga'"),
+            std::string::npos);
+}
+
+// A custom Function through torch.amp.custom_fwd / custom_bwd, with what its forward and
+// backward saw.
+struct Seen {
+  bool forward_autocast = false;
+  c10::ScalarType forward_input = at::kFloat;
+  bool backward_autocast = false;
+  c10::ScalarType backward_dtype = at::kFloat;
+};
+Seen seen;
+std::optional<c10::ScalarType> cast_inputs;
+
+struct MatMul : torch::autograd::Function<MatMul> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, const at::Tensor& a,
+                            const at::Tensor& b) {
+    return mixprec::amp::custom_fwd(
+        ctx, at::kCPU, cast_inputs,
+        [&](const at::Tensor& a_in, const at::Tensor& b_in) {
+          seen.forward_autocast = at::autocast::is_autocast_enabled(at::kCPU);
+          seen.forward_input = a_in.scalar_type();
+          ctx->save_for_backward({a_in, b_in});
+          return a_in.mm(b_in);
+        },
+        a, b);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return mixprec::amp::custom_bwd(ctx, at::kCPU, [&] {
+      seen.backward_autocast = at::autocast::is_autocast_enabled(at::kCPU);
+      seen.backward_dtype = at::autocast::get_autocast_dtype(at::kCPU);
+      const auto saved = ctx->get_saved_variables();
+      return torch::autograd::variable_list{grads[0].mm(saved[1].t()), saved[0].t().mm(grads[0])};
+    });
+  }
+};
+
+// cast_inputs under autocast: the forward runs without it on fp32 inputs (float64 left as it
+// is), and so does the backward; the gradients come back in the inputs' dtype.
+TEST(CustomFunction, CastInputsRunsTheForwardAndBackwardWithoutAutocast) {
+  torch::manual_seed(0);
+  const auto a = torch::randn({4, 8}).to(at::kBFloat16).requires_grad_();
+  const auto b = torch::randn({8, 3}).to(at::kBFloat16).requires_grad_();
+  cast_inputs = at::kFloat;
+  at::Tensor out;
+  {
+    Autocast autocast(at::kCPU, at::kBFloat16);
+    out = MatMul::apply(a, b);
+  }
+  EXPECT_FALSE(seen.forward_autocast);
+  EXPECT_EQ(seen.forward_input, at::kFloat);
+  EXPECT_EQ(out.scalar_type(), at::kFloat);
+  EXPECT_TRUE(torch::equal(out, a.detach().to(at::kFloat).mm(b.detach().to(at::kFloat))));
+  {
+    Autocast autocast(at::kCPU, at::kBFloat16);  // the caller's state does not count
+    out.sum().backward();
+  }
+  EXPECT_FALSE(seen.backward_autocast);
+  EXPECT_EQ(a.grad().scalar_type(), at::kBFloat16);
+  EXPECT_TRUE(torch::allclose(a.grad().to(at::kFloat),
+                              b.detach().to(at::kFloat).sum(1).expand({4, 8}), 1e-2, 1e-2));
+
+  Autocast autocast(at::kCPU, at::kBFloat16);
+  MatMul::apply(torch::randn({2, 2}, at::kDouble), torch::randn({2, 2}, at::kDouble));
+  EXPECT_EQ(seen.forward_input, at::kDouble);
+}
+
+// Without cast_inputs, the forward runs under the caller's autocast, and the backward under
+// the forward's state wherever it is called from; outside autocast, nothing is cast.
+TEST(CustomFunction, TheBackwardRunsUnderTheForwardsAutocast) {
+  torch::manual_seed(0);
+  const auto a = torch::randn({4, 8}, torch::requires_grad());
+  const auto b = torch::randn({8, 3}, torch::requires_grad());
+  cast_inputs = std::nullopt;
+  at::Tensor out;
+  {
+    Autocast autocast(at::kCPU, at::kBFloat16);
+    out = MatMul::apply(a, b);
+  }
+  EXPECT_TRUE(seen.forward_autocast);
+  EXPECT_EQ(out.scalar_type(), at::kBFloat16);
+  out.to(at::kFloat).sum().backward();
+  EXPECT_TRUE(seen.backward_autocast);
+  EXPECT_EQ(seen.backward_dtype, at::kBFloat16);
+  EXPECT_EQ(a.grad().scalar_type(), at::kFloat);
+
+  cast_inputs = at::kBFloat16;  // autocast is off: the inputs stay fp32
+  out = MatMul::apply(a, b);
+  EXPECT_FALSE(seen.forward_autocast);
+  EXPECT_EQ(seen.forward_input, at::kFloat);
+  {
+    Autocast autocast(at::kCPU, at::kBFloat16);
+    out.sum().backward();
+  }
+  EXPECT_FALSE(seen.backward_autocast);
+}
+
+struct WithoutCustomFwd : torch::autograd::Function<WithoutCustomFwd> {
+  static at::Tensor forward(torch::autograd::AutogradContext*, const at::Tensor& x) {
+    return x * 2;
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,
+                                                 torch::autograd::variable_list grads) {
+    return mixprec::amp::custom_bwd(ctx, at::kCPU, [&] { return grads; });
+  }
+};
+
+TEST(CustomFunction, CustomBwdWithoutCustomFwdIsAnError) {
+  const auto x = torch::randn({2}, torch::requires_grad());
+  EXPECT_NE(mixprec::testing::error_of([&] {
+              WithoutCustomFwd::apply(x).sum().backward();
+            }).find("the forward did not run through amp::custom_fwd"),
             std::string::npos);
 }
 

@@ -73,6 +73,17 @@ class DataParallel : public ::testing::Test {
     torch::set_num_threads(1);
     ASSERT_GT(accelerator.num_processes(), 1) << "run under torchrun --nproc-per-node 2";
   }
+  // Three updates of 4 samples a process at lr 0.1, nothing saved, in a folder named alike on
+  // every rank.
+  mixprec::TrainingArguments three_steps_args(const std::string& stem) {
+    mixprec::TrainingArguments args;
+    args.output_dir = shared_temp_dir(accelerator, stem).string();
+    args.max_steps = 3;
+    args.learning_rate = 0.1;
+    args.save_strategy = "no";
+    args.per_device_train_batch_size = 4;
+    return args;
+  }
   Accelerator accelerator;  // the process group is made once per process
 };
 
@@ -173,6 +184,39 @@ TEST_F(DataParallel, GradientsAllReduceOnlyOnSyncSteps) {
   optimizer.step();
   optimizer.zero_grad();
   expect_same_on_every_rank(accumulating, flat_params(*net));
+}
+
+// Accelerate's sync_each_batch: every micro-step all-reduces (after the first, the gradients are
+// the same on every rank), the optimizer still steps on sync steps only, and the update is the
+// default's up to rounding.
+TEST_F(DataParallel, SyncEachBatchAllReducesEveryMicroStep) {
+  const auto run = [&](bool each_batch) {
+    Accelerator acc({.gradient_accumulation_steps = 2, .sync_each_batch = each_batch});
+    torch::manual_seed(0);
+    auto net = make_net();
+    torch::optim::SGD sgd(net->parameters(), 0.1);
+    auto [model, optimizer] = acc.prepare(net, sgd);
+    torch::manual_seed(1 + acc.process_index());  // different data on each rank
+    const auto before = flat_params(*net).clone();
+    for (int step = 0; step < 2; ++step) {
+      auto guard = acc.accumulate();
+      acc.backward(model(torch::randn({4, 6})).sum());
+      optimizer.step();
+      optimizer.zero_grad();
+      if (step == 0) {
+        EXPECT_TRUE(torch::equal(flat_params(*net), before));  // not a sync step
+        const auto grads = acc.gather(net->parameters()[0].grad().unsqueeze(0));
+        EXPECT_EQ(torch::equal(grads[0], grads[1]), each_batch);
+      }
+    }
+    expect_same_on_every_rank(acc, flat_params(*net));
+    return flat_params(*net);
+  };
+  const auto synced_once = run(false);
+  const auto each_batch = run(true);
+  torch::manual_seed(0);
+  EXPECT_FALSE(torch::equal(each_batch, flat_params(*make_net())));  // it did step
+  EXPECT_TRUE(torch::allclose(each_batch, synced_once, 1e-6, 1e-7));
 }
 
 // 9 samples on 2 processes: the sampler pads to 10, and gather_for_metrics
@@ -420,12 +464,7 @@ TEST_F(DataParallel, TrainerTakesHfsDdpArguments) {
   auto data = pixels_dataset(32);
   auto train = [&](std::optional<bool> find_unused, const std::string& hook) {
     auto model = std::make_shared<WithUnusedHead>();
-    mixprec::TrainingArguments args;
-    args.output_dir = shared_temp_dir(accelerator, "mixprec_dp_ddp_args_").string();
-    args.max_steps = 3;
-    args.learning_rate = 0.1;
-    args.save_strategy = "no";
-    args.per_device_train_batch_size = 4;
+    auto args = three_steps_args("mixprec_dp_ddp_args_");
     args.ddp_find_unused_parameters = find_unused;
     args.ddp_comm_hook = hook;
     args.ddp_bucket_cap_mb = 1;
@@ -441,6 +480,41 @@ TEST_F(DataParallel, TrainerTakesHfsDdpArguments) {
   EXPECT_TRUE(torch::allclose(fp32, bf16, 1e-2, 1e-3));
   const auto error = error_of([&] { train(false, "no"); });
   EXPECT_NE(error.find("ddp_find_unused_parameters"), std::string::npos) << error;
+}
+
+// HF's accelerator_config.gradient_accumulation_kwargs.sync_each_batch: the micro-steps before
+// each window's last all-reduce too (after them, the gradients are the same on both ranks), and
+// training ends where it does without, up to rounding.
+TEST_F(DataParallel, TrainerSyncEachBatchAllReducesEveryMicroStep) {
+  struct SameGradients : mixprec::train::TrainerCallback {
+    Accelerator* accelerator = nullptr;
+    std::vector<bool> same;  // after each micro-step but a window's last
+    void on_substep_end(const mixprec::TrainingArguments&, mixprec::train::TrainerState&,
+                        mixprec::train::TrainerControl&) override {
+      const auto all = accelerator->gather(kwargs().model->parameters()[0].grad().unsqueeze(0));
+      same.push_back(torch::equal(all[0], all[1]));
+    }
+  };
+  torch::manual_seed(0);
+  auto data = pixels_dataset(64);
+  const auto train = [&](bool each_batch) {
+    auto callback = std::make_shared<SameGradients>();
+    callback->accelerator = &accelerator;
+    torch::manual_seed(0);
+    auto model = small_classifier();
+    auto args = three_steps_args("mixprec_dp_sync_each_batch_");
+    args.gradient_accumulation_steps = 2;
+    args.disable_tqdm = true;
+    if (each_batch)
+      args.accelerator_config.gradient_accumulation_kwargs = {{.sync_each_batch = true}};
+    mixprec::Trainer trainer(model, args, data, nullptr, {}, {callback});
+    trainer.train();
+    EXPECT_EQ(callback->same, std::vector<bool>(3, each_batch));
+    expect_same_on_every_rank(accelerator, flat_params(*model));
+    return flat_params(*model);
+  };
+  const auto once = train(false);
+  EXPECT_TRUE(torch::allclose(train(true), once, 1e-5, 1e-7));
 }
 
 // HF's log levels: log_level on the main process, log_level_replica on the others.

@@ -85,6 +85,13 @@ TEST(ActivationCheckpoint, DropoutDropsTheSameValuesInTheRecompute) {
   const auto plain = loss_and_grads(model, ids, std::nullopt, /*seed=*/7);
   model->activation_checkpointing_enable();
   expect_same_grads(plain, loss_and_grads(model, ids, std::nullopt, /*seed=*/7), 1e-5, 1e-7);
+  // The model's preserve_rng_state = false reaches the checkpoint: the same loss, other
+  // gradients (the recompute draws masks past the forward's).
+  model->activation_checkpointing_enable(1, /*preserve_rng_state=*/false);
+  const auto unpreserved = loss_and_grads(model, ids, std::nullopt, /*seed=*/7);
+  EXPECT_NEAR(unpreserved.loss, plain.loss, 1e-6 * std::abs(plain.loss));
+  EXPECT_FALSE(torch::allclose(unpreserved.grads.at("transformer.h.0.mlp.c_fc.weight"),
+                               plain.grads.at("transformer.h.0.mlp.c_fc.weight"), 1e-3, 1e-5));
 
   // The same without the preserved state: the recompute's masks differ.
   torch::manual_seed(0);

@@ -5,6 +5,7 @@ fields mixprec's TrainingArguments has, for tests/train/training_args_test.cpp.
     python3 tests/reference/training_args_defaults.py > tests/reference/data/training_args_defaults.json
     python3 tests/reference/training_args_defaults.py --check tests/reference/data/training_args_defaults.json
 """
+import dataclasses
 import enum
 import tempfile
 
@@ -14,11 +15,13 @@ from transformers import TrainingArguments
 from common import emit_or_check
 
 FIELDS = """output_dir eval_strategy eval_steps fp16 bf16 fp16_full_eval bf16_full_eval activation_checkpointing
-per_device_train_batch_size per_device_eval_batch_size gradient_accumulation_steps learning_rate
+activation_checkpointing_kwargs per_device_train_batch_size per_device_eval_batch_size gradient_accumulation_steps accelerator_config
+learning_rate
 weight_decay adam_beta1 adam_beta2 adam_epsilon max_grad_norm num_train_epochs max_steps
 lr_scheduler_type warmup_steps logging_strategy logging_steps logging_first_step logging_nan_inf_filter save_strategy
 save_steps save_total_limit load_best_model_at_end metric_for_best_model greater_is_better seed
-data_seed dataloader_num_workers dataloader_drop_last optim report_to resume_from_checkpoint
+data_seed dataloader_num_workers dataloader_drop_last dataloader_prefetch_factor
+dataloader_persistent_workers dataloader_pin_memory optim report_to resume_from_checkpoint
 use_cpu label_names run_name average_tokens_across_devices include_num_input_tokens_seen
 eval_delay eval_on_start lr_scheduler_kwargs label_smoothing_factor prediction_loss_only
 restore_callback_states_from_checkpoint save_only_model ignore_data_skip full_determinism
@@ -29,6 +32,8 @@ neftune_noise_alpha auto_find_batch_size""".split()
 
 
 def plain(v):
+    if dataclasses.is_dataclass(v):  # accelerator_config
+        return dataclasses.asdict(v)
     return v.value if isinstance(v, enum.Enum) else v
 
 

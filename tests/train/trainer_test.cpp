@@ -519,14 +519,19 @@ TEST_F(TrainerTest, CallbacksReachTheModelOptimizerAndSchedule) {
                      const Metrics&) override {
       note("evaluate");
       EXPECT_EQ(kwargs().eval_dataloader->size(), 2u);  // 64 samples in batches of 32
+      EXPECT_EQ(kwargs().eval_dataloader->options().prefetch_factor, 3u);
     }
     void on_train_end(const TrainingArguments&, TrainerState&, TrainerControl&) override {
       note("train_end");
       EXPECT_EQ(kwargs().train_dataloader->size(), 10u);  // 160 samples in batches of 16
+      EXPECT_EQ(kwargs().train_dataloader->options().num_workers, 2u);
+      EXPECT_EQ(kwargs().train_dataloader->options().prefetch_factor, 3u);
     }
   };
   auto a = args("kwargs");
   a.num_train_epochs = 1;
+  a.dataloader_num_workers = 2;
+  a.dataloader_prefetch_factor = 3;
   a.save_strategy = "no";
   auto frozen = std::make_shared<Frozen>();
   torch::manual_seed(0);
@@ -1590,7 +1595,9 @@ TEST_F(TrainerTest, AutoFindBatchSizeShrinksTheBatchOnOutOfMemory) {
 }
 
 // TrainingArguments::activation_checkpointing (HF's gradient_checkpointing): the same losses on
-// GPT-2 with dropout, in bf16; a model without the capability is an error naming it.
+// GPT-2 with dropout, in bf16 and fp16, every layer or every second one; without
+// preserve_rng_state, the recompute's dropout masks differ and so does the loss. A model without
+// the capability is an error naming it.
 TEST_F(TrainerTest, ActivationCheckpointingTrainsTheSame) {
   torch::manual_seed(0);
   const auto ids = torch::randint(256, {16, 32});
@@ -1599,7 +1606,9 @@ TEST_F(TrainerTest, ActivationCheckpointingTrainsTheSame) {
   // fp16 too: the recompute under fp16 autocast, the GradScaler's skipped steps.
   for (const bool fp16 : {false, true}) {
     SCOPED_TRACE(fp16 ? "fp16" : "bf16");
-    const auto train = [&](bool checkpointing) {
+    const auto train = [&](bool checkpointing,
+                           std::optional<mixprec::train::ActivationCheckpointingKwargs> kwargs =
+                               std::nullopt) {
       auto config = models_test::tiny_gpt2_config();
       config.resid_pdrop = config.embd_pdrop = config.attn_pdrop = 0.1;
       torch::manual_seed(0);
@@ -1610,6 +1619,7 @@ TEST_F(TrainerTest, ActivationCheckpointingTrainsTheSame) {
       a.bf16 = !fp16;
       a.fp16 = fp16;
       a.activation_checkpointing = checkpointing;
+      a.activation_checkpointing_kwargs = kwargs;
       a.per_device_train_batch_size = 4;
       a.max_steps = 6;
       Trainer trainer(model, a, tokens);
@@ -1618,6 +1628,8 @@ TEST_F(TrainerTest, ActivationCheckpointingTrainsTheSame) {
     };
     const double plain = train(false);
     EXPECT_NEAR(train(true), plain, 1e-5 * plain);
+    EXPECT_NEAR(train(true, {{.every_n_layers = 2}}), plain, 1e-5 * plain);
+    EXPECT_GT(std::abs(train(true, {{.preserve_rng_state = false}}) - plain), 1e-4 * plain);
   }
 
   auto a = args("classifier");

@@ -5,6 +5,7 @@
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
 
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -126,6 +127,11 @@ TEST(TrainingArguments, DependentDefaults) {
             }),
             "TrainingArguments: include_num_input_tokens_seen 'some' is not one of \"no\", "
             "\"all\", \"non_padding\" or a boolean");
+  TrainingArguments on_cpu;  // as HF's: nothing to pin for
+  on_cpu.use_cpu = true;
+  on_cpu.validate();
+  EXPECT_FALSE(on_cpu.dataloader_pin_memory);
+  EXPECT_FALSE(TrainingArguments::parse_args({"--no_dataloader_pin_memory"}).dataloader_pin_memory);
   TrainingArguments best;  // as HF's: "best" names no metric by default
   best.save_strategy = "best";
   best.validate();
@@ -251,6 +257,104 @@ TEST(TrainingArguments, LrSchedulerKwargsAreTheSchedulesOwn) {
             "TrainingArguments: label_smoothing_factor must be in [0, 1], got 1.5");
 }
 
+// HF's activation_checkpointing_kwargs (and its older name): the keys mixprec's checkpoint takes,
+// from JSON, YAML or JSON text on the command line; the others are errors naming the key.
+TEST(TrainingArguments, ActivationCheckpointingKwargs) {
+  using mixprec::train::ActivationCheckpointingKwargs;
+  const auto cli = TrainingArguments::parse_args(
+      {"--activation_checkpointing", "--activation_checkpointing_kwargs",
+       R"({"every_n_layers": 2, "use_reentrant": false, "offload": false})"});
+  EXPECT_EQ(cli.activation_checkpointing_kwargs, (ActivationCheckpointingKwargs{2, true}));
+  const auto yaml = TrainingArguments::from_yaml(
+      "gradient_checkpointing: true\n"
+      "gradient_checkpointing_kwargs: {preserve_rng_state: false}\n");
+  EXPECT_TRUE(yaml.activation_checkpointing);
+  EXPECT_EQ(yaml.activation_checkpointing_kwargs, (ActivationCheckpointingKwargs{1, false}));
+  EXPECT_EQ(TrainingArguments::from_json(yaml.to_json()).activation_checkpointing_kwargs,
+            yaml.activation_checkpointing_kwargs);
+  EXPECT_FALSE(TrainingArguments().activation_checkpointing_kwargs.has_value());
+
+  const std::string key = "TrainingArguments: 'activation_checkpointing_kwargs'";
+  const auto error = [](const char* kwargs) {
+    return error_of([&] {
+      TrainingArguments::from_json(std::string(R"({"activation_checkpointing_kwargs": )") + kwargs +
+                                   "}");
+    });
+  };
+  EXPECT_EQ(error(R"({"every_n_layers": 0})"),
+            "TrainingArguments: activation_checkpointing_kwargs' every_n_layers must be >= 1, "
+            "got 0");
+  EXPECT_EQ(error(R"({"every_n_layers": "2"})"),
+            key + " key 'every_n_layers' expects an integer, got \"2\" (string)");
+  EXPECT_EQ(error(R"({"use_reentrant": true})"),
+            key +
+                " key 'use_reentrant' is true, which mixprec does not have: its checkpoint is "
+                "the non-reentrant one");
+  EXPECT_NE(error(R"({"offload": true})").find("key 'offload' is true"), std::string::npos);
+  EXPECT_EQ(error(R"({"debug": true})"),
+            key +
+                " key 'debug' is not one of every_n_layers, preserve_rng_state, "
+                "use_reentrant, offload");
+  EXPECT_EQ(error("2"), key + " expects an object, got 2 (number)");
+}
+
+// HF's accelerator_config: an object, its JSON text or a file; gradient_accumulation_kwargs'
+// num_steps is gradient_accumulation_steps when that is 1; the fields mixprec's Trainer does
+// not take are errors at any other value than HF's default.
+TEST(TrainingArguments, AcceleratorConfig) {
+  const auto cli = TrainingArguments::parse_args(
+      {"--accelerator_config",
+       R"({"gradient_accumulation_kwargs": {"num_steps": 4, "sync_each_batch": true,
+           "sync_with_dataloader": false}, "non_blocking": true})"});
+  ASSERT_TRUE(cli.accelerator_config.gradient_accumulation_kwargs);
+  EXPECT_TRUE(cli.accelerator_config.gradient_accumulation_kwargs->sync_each_batch);
+  EXPECT_TRUE(cli.accelerator_config.non_blocking);
+  EXPECT_EQ(cli.gradient_accumulation_steps, 4);
+  EXPECT_EQ(TrainingArguments::from_json(cli.to_json()).accelerator_config, cli.accelerator_config);
+
+  const auto file = std::filesystem::temp_directory_path() /
+                    ("mixprec_accelerator_config_" + std::to_string(getpid()) + ".yaml");
+  std::ofstream(file) << "gradient_accumulation_kwargs: {sync_each_batch: true}\n";
+  const auto from_file = TrainingArguments::parse_args(
+      {"--gradient_accumulation_steps", "2", "--accelerator_config", file.string()});
+  std::filesystem::remove(file);
+  EXPECT_EQ(from_file.accelerator_config.gradient_accumulation_kwargs,
+            (mixprec::train::GradientAccumulationKwargs{.sync_each_batch = true}));
+  EXPECT_EQ(from_file.gradient_accumulation_steps, 2);
+
+  const std::string key = "TrainingArguments: 'accelerator_config'";
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::from_json(
+                  R"({"gradient_accumulation_steps": 2,
+                      "accelerator_config": {"gradient_accumulation_kwargs": {"num_steps": 4}}})");
+            }),
+            "TrainingArguments: accelerator_config's gradient_accumulation_kwargs' num_steps (4) "
+            "is set but gradient_accumulation_steps is 2; set only one of them");
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::from_json(R"({"accelerator_config": {"even_batches": false}})");
+            }),
+            "TrainingArguments: accelerator_config's even_batches is not supported by mixprec's "
+            "Trainer, only its default");
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::from_json(R"({"accelerator_config": {"split_batch": true}})");
+            }),
+            key +
+                " key 'split_batch' is not one of split_batches, dispatch_batches, "
+                "even_batches, use_seedable_sampler, non_blocking, "
+                "gradient_accumulation_kwargs, use_configured_state");
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::from_json(
+                  R"({"accelerator_config": {"gradient_accumulation_kwargs": {"steps": 2}}})");
+            }),
+            key +
+                " key 'gradient_accumulation_kwargs' key 'steps' is not one of num_steps, "
+                "sync_each_batch, sync_with_dataloader, adjust_scheduler");
+  EXPECT_NE(error_of([] {
+              TrainingArguments::from_json(R"({"accelerator_config": "no_such_file.json"})");
+            }).find("no_such_file.json: cannot open"),
+            std::string::npos);
+}
+
 TEST(TrainingArguments, ClearErrors) {
   EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"learnig_rate": 0.1})"); }),
             "TrainingArguments: unknown argument 'learnig_rate'; did you mean 'learning_rate'?");
@@ -294,6 +398,19 @@ TEST(TrainingArguments, ClearErrors) {
             "\"info\", \"warning\", \"error\", \"critical\"");
   EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"include_for_metrics": ["input"]})"); }),
             "TrainingArguments: include_for_metrics 'input' is not one of \"inputs\", \"loss\"");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"dataloader_prefetch_factor": 2})"); }),
+            "TrainingArguments: dataloader_prefetch_factor can only be set when data is loaded in "
+            "a different thread, i.e. when dataloader_num_workers > 0");
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::from_json(
+                  R"({"dataloader_num_workers": 1, "dataloader_prefetch_factor": 0})");
+            }),
+            "TrainingArguments: dataloader_prefetch_factor must be > 0, got 0");
+  EXPECT_EQ(
+      error_of([] { TrainingArguments::from_json(R"({"dataloader_persistent_workers": true})"); }),
+      "TrainingArguments: dataloader_persistent_workers needs dataloader_num_workers > 0");
+  EXPECT_NO_THROW(TrainingArguments::from_json(
+      R"({"dataloader_num_workers": 1, "dataloader_persistent_workers": true})"));
   EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"ddp_backend": "nccl"})"); }),
             "TrainingArguments: ddp_backend 'nccl' is not supported: mixprec's data parallel runs "
             "on \"gloo\"");

@@ -53,9 +53,17 @@ struct AcceleratorOptions {
   /// "no", "fp16" (autocast fp16 + GradScaler) or "bf16" (autocast bf16).
   std::string mixed_precision = "no";
   int64_t gradient_accumulation_steps = 1;
+  /// Accelerate's GradientAccumulationPlugin: `accumulate()` at the end of a prepared loader
+  /// makes a sync step, whatever the count (false: the window goes on into the next pass).
+  bool sync_with_dataloader = true;
+  /// Data parallel: all-reduce the gradients after every micro-step's backward, not only on
+  /// sync steps (the optimizer still steps on sync steps only). Less memory in DDP's reducer,
+  /// more communication; the same result up to rounding.
+  bool sync_each_batch = false;
   /// Stay on the CPU even when CUDA is available.
   bool cpu = false;
-  /// The GradScaler's options for fp16 (Accelerate's GradScalerKwargs).
+  /// The GradScaler's options for fp16 (Accelerate's GradScalerKwargs). `.enabled = false`:
+  /// fp16 autocast without loss scaling (and scaler() is null).
   amp::GradScalerOptions scaler = {};
   /// The prepared scheduler steps only when its optimizers did.
   bool step_scheduler_with_optimizer = true;
@@ -124,7 +132,7 @@ struct Shared {
   AcceleratorOptions options;
   c10::Device device{c10::kCPU};
   std::optional<c10::ScalarType> autocast_dtype;
-  std::unique_ptr<amp::GradScaler> scaler;  // fp16 only
+  std::unique_ptr<amp::GradScaler> scaler;  // fp16 with the scaler enabled only
   GradientState gradient_state;
   int64_t step = 0;  // micro-steps into the accumulation window
   std::vector<std::pair<torch::optim::Optimizer*, std::shared_ptr<OptimizerFlags>>> optimizers;
@@ -221,7 +229,8 @@ class PreparedModel {
     if (reducer_) {
       std::vector<at::Tensor> tensors;
       if (reducer_->options().find_unused_parameters) detail::collect_tensors(outputs, tensors);
-      reducer_->after_forward(shared_->gradient_state.sync_gradients, tensors);
+      reducer_->after_forward(
+          shared_->gradient_state.sync_gradients || shared_->options.sync_each_batch, tensors);
     }
     return outputs;
   }
@@ -372,9 +381,17 @@ class Accelerator {
   /// had done (Accelerate's examples, whose loaders need the skip) does not skip twice.
   PreparedDataLoader skip_first_batches(const PreparedDataLoader& loader, size_t num_batches) const;
 
+  /// `Tensor::backward`'s options, which Accelerate's backward(loss, **kwargs) passes on.
+  struct BackwardOptions {
+    std::optional<bool> retain_graph = std::nullopt;  // unset: as create_graph
+    bool create_graph = false;
+    /// Only these get gradients (unset: every leaf that needs one).
+    std::optional<std::vector<at::Tensor>> inputs = std::nullopt;
+  };
   /// Divides the loss by gradient_accumulation_steps and back-propagates it,
   /// scaled in fp16.
-  void backward(const at::Tensor& loss);
+  void backward(const at::Tensor& loss, const BackwardOptions& options);
+  void backward(const at::Tensor& loss) { backward(loss, BackwardOptions{}); }
 
   /// Guard for one micro-step of gradient accumulation: sets sync_gradients
   /// for it (every gradient_accumulation_steps-th step, and at the end of the
@@ -445,7 +462,7 @@ class Accelerator {
 
   /// Whether the last optimizer step was skipped for an inf/NaN gradient.
   bool optimizer_step_was_skipped() const;
-  /// The GradScaler, or null unless mixed_precision is "fp16".
+  /// The GradScaler, or null unless mixed_precision is "fp16" with the scaler enabled.
   amp::GradScaler* scaler() const { return shared_->scaler.get(); }
   /// The numerics monitor of the first prepared model; null unless
   /// `numerics_monitor` was set.

@@ -43,7 +43,9 @@ class SupportsActivationCheckpointing {
   virtual ~SupportsActivationCheckpointing() = default;
   /// HF's `activation_checkpointing_enable`: in training mode, checkpoint every
   /// `every_n_layers`-th layer (layers 0, n, 2n, ...); the others keep their activations.
-  virtual void activation_checkpointing_enable(int64_t every_n_layers = 1) = 0;
+  /// `preserve_rng_state` is `activation_checkpoint`'s (torch.utils.checkpoint's).
+  virtual void activation_checkpointing_enable(int64_t every_n_layers = 1,
+                                               bool preserve_rng_state = true) = 0;
   virtual void activation_checkpointing_disable() = 0;
   /// HF's `is_gradient_checkpointing`.
   virtual bool is_activation_checkpointing() const = 0;

@@ -92,7 +92,8 @@ class GPT2ModelImpl : public torch::nn::Module,
   explicit GPT2ModelImpl(const GPT2Config& config);
   torch::Tensor forward(const torch::Tensor& input_ids);  // (B, T) int64 -> (B, T, C)
   /// Blocks 0, n, 2n, ... run under `activation_checkpoint` in training mode with grad mode on.
-  void activation_checkpointing_enable(int64_t every_n_layers = 1) override;
+  void activation_checkpointing_enable(int64_t every_n_layers = 1,
+                                       bool preserve_rng_state = true) override;
   void activation_checkpointing_disable() override { checkpoint_every_n_layers_ = 0; }
   bool is_activation_checkpointing() const override { return checkpoint_every_n_layers_ > 0; }
   /// NEFTune noise on wte's output (HF's input embeddings, before the positions are added)
@@ -107,6 +108,7 @@ class GPT2ModelImpl : public torch::nn::Module,
  private:
   int64_t n_positions_;
   int64_t checkpoint_every_n_layers_ = 0;  // 0: off
+  bool checkpoint_preserve_rng_state_ = true;
   std::optional<double> neftune_noise_alpha_;
 };
 TORCH_MODULE(GPT2Model);
@@ -149,8 +151,9 @@ class GPT2LMHeadModelImpl : public torch::nn::Module,
                          const GenerateOptions& options = {});
 
   /// Activation checkpointing of the blocks (GPT2ModelImpl's), as HF's GPT-2.
-  void activation_checkpointing_enable(int64_t every_n_layers = 1) override {
-    transformer->activation_checkpointing_enable(every_n_layers);
+  void activation_checkpointing_enable(int64_t every_n_layers = 1,
+                                       bool preserve_rng_state = true) override {
+    transformer->activation_checkpointing_enable(every_n_layers, preserve_rng_state);
   }
   void activation_checkpointing_disable() override {
     transformer->activation_checkpointing_disable();

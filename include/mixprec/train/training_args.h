@@ -10,6 +10,44 @@
 
 namespace mixprec::train {
 
+/// HF's `activation_checkpointing_kwargs`, with the keys mixprec's checkpoint takes: HF's own
+/// `every_n_layers` and `torch.utils.checkpoint`'s `preserve_rng_state`. Read from an object
+/// (or its JSON text) that may also say "use_reentrant": false and "offload": false; true for
+/// either, or any other key, is an error.
+struct ActivationCheckpointingKwargs {
+  int64_t every_n_layers = 1;  // checkpoint layers 0, n, 2n, ...
+  bool preserve_rng_state = true;
+  bool operator==(const ActivationCheckpointingKwargs&) const = default;
+};
+
+/// HF's `AcceleratorConfig.gradient_accumulation_kwargs`: Accelerate's
+/// GradientAccumulationPlugin's. Also read: "sync_with_dataloader" and "adjust_scheduler",
+/// which change nothing under the Trainer, as under HF's (it says itself which micro-steps
+/// sync, and steps its schedule once per update).
+struct GradientAccumulationKwargs {
+  /// gradient_accumulation_steps, when that is left at 1 (another value is an error, as HF's).
+  std::optional<int64_t> num_steps = std::nullopt;
+  /// Data parallel: all-reduce after every micro-step (accelerate::AcceleratorOptions').
+  bool sync_each_batch = false;
+  bool operator==(const GradientAccumulationKwargs&) const = default;
+};
+
+/// HF's `AcceleratorConfig` (TrainingArguments::accelerator_config), with its defaults: how
+/// the Trainer's Accelerator is made. Read from an object, its JSON text, or a JSON/YAML file's
+/// path. mixprec's Trainer takes the other fields at these values only: validate() says which
+/// is not supported.
+struct AcceleratorConfig {
+  bool split_batches = false;
+  std::optional<bool> dispatch_batches = std::nullopt;
+  bool even_batches = true;
+  bool use_seedable_sampler = true;
+  /// Non-blocking copies of batches to an accelerator: nothing to do without one.
+  bool non_blocking = false;
+  std::optional<GradientAccumulationKwargs> gradient_accumulation_kwargs = std::nullopt;
+  bool use_configured_state = false;
+  bool operator==(const AcceleratorConfig&) const = default;
+};
+
 /// `transformers.TrainingArguments` (5.24): the same names and defaults.
 ///
 /// ```
@@ -55,10 +93,13 @@ struct TrainingArguments {
   /// (Accelerate's find_executable_batch_size); a resumed run starts from its checkpoint's.
   bool auto_find_batch_size = false;
   int64_t gradient_accumulation_steps = 1;
+  AcceleratorConfig accelerator_config = {};
   /// Recompute each layer's activations in the backward instead of keeping them (the model's
   /// `activation_checkpointing_enable()`; models::SupportsActivationCheckpointing). Also read
   /// as `gradient_checkpointing`, its older name in transformers.
   bool activation_checkpointing = false;
+  /// How (also read as `gradient_checkpointing_kwargs`); unset: every layer, as HF's.
+  std::optional<ActivationCheckpointingKwargs> activation_checkpointing_kwargs = std::nullopt;
   double learning_rate = 5e-5;
   double weight_decay = 0.0;
   double adam_beta1 = 0.9;
@@ -117,6 +158,17 @@ struct TrainingArguments {
   std::string length_column_name = "length";
   int64_t dataloader_num_workers = 0;
   bool dataloader_drop_last = false;
+  /// Batches each worker reads ahead (data::DataLoaderOptions::prefetch_factor); unset: 2, as
+  /// torch's. Only with dataloader_num_workers > 0, as HF's.
+  std::optional<int64_t> dataloader_prefetch_factor = std::nullopt;
+  /// Keep the workers between passes. Checked as torch's (it needs workers), with nothing
+  /// else to do: mixprec's workers are threads over the one dataset, not processes holding
+  /// copies of it, and start again at each pass for the cost of a thread.
+  bool dataloader_persistent_workers = false;
+  /// Page-locked batches for copies to an accelerator. false after validate() with use_cpu, as
+  /// HF's. Pins nothing: on a machine without an accelerator torch's DataLoader pins nothing
+  /// either, and mixprec has no pinned path to CUDA yet.
+  bool dataloader_pin_memory = true;
   /// For a model that takes HF's num_items_in_batch (a causal LM such as GPT-2): count the label
   /// tokens of an accumulation window on all processes, not on this one only.
   bool average_tokens_across_devices = true;
