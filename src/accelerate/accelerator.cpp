@@ -574,6 +574,9 @@ void Accelerator::backward(const at::Tensor& loss, const BackwardOptions& option
                                            "Accelerator::backward (a prepared optimizer)", why);
   }
   at::Tensor scaled = steps == 1 ? loss : loss / steps;
+  // LibTorch would take an empty list for every leaf.
+  TORCH_CHECK(!options.inputs || !options.inputs->empty(),
+              "Accelerator::backward: `inputs` argument to `backward()` cannot be empty.");
   if (shared_->scaler) scaled = shared_->scaler->scale(scaled);
   if (options.inputs)
     scaled.backward({}, options.retain_graph, options.create_graph,
@@ -631,9 +634,13 @@ void Accelerator::clip_grad_value_(const std::vector<at::Tensor>& parameters, do
   torch::nn::utils::clip_grad_value_(parameters, clip_value);
 }
 
-amp::Autocast Accelerator::autocast() const {
-  return amp::Autocast(shared_->device.type(), shared_->autocast_dtype,
-                       /*enabled=*/shared_->autocast_dtype.has_value());
+std::optional<amp::Autocast> Accelerator::autocast(
+    const std::optional<AutocastKwargs>& handler) const {
+  if (!shared_->autocast_dtype) return std::nullopt;
+  const AutocastKwargs& kwargs = handler.value_or(shared_->options.autocast);
+  return std::optional<amp::Autocast>(std::in_place, shared_->device.type(),
+                                      shared_->autocast_dtype, kwargs.enabled,
+                                      kwargs.cache_enabled);
 }
 
 bool Accelerator::optimizer_step_was_skipped() const {

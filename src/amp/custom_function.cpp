@@ -10,18 +10,11 @@ constexpr const char* kUsedAutocast = "mixprec::amp::custom_fwd used autocast";
 constexpr const char* kAutocastDtype = "mixprec::amp::custom_fwd autocast dtype";
 }  // namespace
 
-at::Tensor cast_input(const at::Tensor& value, c10::DeviceType device_type, c10::ScalarType dtype) {
+at::Tensor cast_tensor(const at::Tensor& value, c10::DeviceType device_type,
+                       c10::ScalarType dtype) {
   const bool eligible = value.defined() && value.is_floating_point() &&
                         value.device().type() == device_type && value.scalar_type() != at::kDouble;
   return eligible ? value.to(dtype) : value;
-}
-
-std::vector<at::Tensor> cast_input(const std::vector<at::Tensor>& values,
-                                   c10::DeviceType device_type, c10::ScalarType dtype) {
-  std::vector<at::Tensor> cast;
-  cast.reserve(values.size());
-  for (const auto& v : values) cast.push_back(cast_input(v, device_type, dtype));
-  return cast;
 }
 
 bool save_forward_autocast(torch::autograd::AutogradContext* ctx, c10::DeviceType device_type,

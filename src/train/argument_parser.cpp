@@ -201,7 +201,6 @@ std::string type_name(const optim::SchedulerKwargs&) { return "an object of numb
 std::string type_name(const ActivationCheckpointingKwargs&) {
   return "an object (every_n_layers, preserve_rng_state)";
 }
-std::string type_name(const GradientAccumulationKwargs&) { return "an object"; }
 std::string type_name(const AcceleratorConfig&) { return "an object or a file's path"; }
 
 void assign_value(bool& field, const json& v, const std::string& prefix) {
@@ -266,10 +265,10 @@ using KeyReaders =
 void assign_keys(const json& object, const std::string& prefix, const KeyReaders& readers) {
   for (const auto& [key, value] : object.items()) {
     const std::string at = prefix + " key '" + key + "'";
-    const auto reader =
+    const auto match =
         std::find_if(readers.begin(), readers.end(), [&](const auto& r) { return r.first == key; });
-    if (reader != readers.end()) {
-      reader->second(value, at);
+    if (match != readers.end()) {
+      match->second(value, at);
       continue;
     }
     std::string known;
@@ -333,12 +332,15 @@ void assign_value(GradientAccumulationKwargs& field, const json& v, const std::s
 }
 
 void assign_value(AcceleratorConfig& field, const json& v, const std::string& prefix) {
-  json object = v;
-  if (v.is_string() && !v.get<std::string>().starts_with("{"))  // a file, as HF's
+  AcceleratorConfig config;  // null: the defaults, as HF's
+  json object = v.is_null() ? json::object() : v;
+  std::string where = prefix;
+  if (v.is_string() && !v.get<std::string>().starts_with("{")) {  // a file, as HF's
     object = read_config_file(v.get<std::string>(), prefix);
-  AcceleratorConfig config;
-  assign_keys(object_or_json_text(object, prefix, " expects an object or a file's path, got "),
-              prefix,
+    where += " (" + v.get<std::string>() + ")";
+  }
+  assign_keys(object_or_json_text(object, where, " expects an object or a file's path, got "),
+              where,
               {{"split_batches", reader(config.split_batches)},
                {"dispatch_batches", reader(config.dispatch_batches)},
                {"even_batches", reader(config.even_batches)},

@@ -75,7 +75,6 @@ std::string type_name(const std::string&);
 std::string type_name(const std::vector<std::string>&);
 std::string type_name(const optim::SchedulerKwargs&);
 std::string type_name(const ActivationCheckpointingKwargs&);
-std::string type_name(const GradientAccumulationKwargs&);
 std::string type_name(const AcceleratorConfig&);
 template <typename T>
 std::string type_name(const std::optional<T>&) {

@@ -117,13 +117,15 @@ int64_t num_parameters(torch::nn::Module& module, bool only_trainable, bool excl
 // of every num_processes, as Accelerate's BatchSamplerShard shares them.
 data::DataLoaderOptions loader_options_of(const TrainingArguments& args,
                                           const accelerate::Accelerator& acc, int64_t batch_size) {
-  return {.batch_size = static_cast<size_t>(batch_size),
-          .drop_last = args.dataloader_drop_last,
-          .num_workers = static_cast<size_t>(args.dataloader_num_workers),
-          .prefetch_factor = static_cast<size_t>(args.dataloader_prefetch_factor.value_or(2)),
-          .num_replicas = static_cast<size_t>(acc.num_processes()),
-          .rank = static_cast<size_t>(acc.process_index()),
-          .sharding = data::Sharding::kBatchSamplerShard};
+  data::DataLoaderOptions options{.batch_size = static_cast<size_t>(batch_size),
+                                  .drop_last = args.dataloader_drop_last,
+                                  .num_workers = static_cast<size_t>(args.dataloader_num_workers),
+                                  .num_replicas = static_cast<size_t>(acc.num_processes()),
+                                  .rank = static_cast<size_t>(acc.process_index()),
+                                  .sharding = data::Sharding::kBatchSamplerShard};
+  if (args.dataloader_prefetch_factor)
+    options.prefetch_factor = static_cast<size_t>(*args.dataloader_prefetch_factor);
+  return options;
 }
 
 // As Python's f"{n:,}": 1284 -> "1,284".

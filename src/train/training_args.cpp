@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <tuple>
 
 namespace mixprec::train {
 
@@ -126,24 +127,27 @@ bool one_of(const std::string& value, std::initializer_list<const char*> allowed
   return std::any_of(allowed.begin(), allowed.end(), [&](const char* a) { return value == a; });
 }
 
-// HF's Trainer reads gradient_accumulation_kwargs' num_steps as gradient_accumulation_steps.
+// The fields the Trainer takes at HF's defaults only; gradient_accumulation_kwargs' num_steps
+// read as gradient_accumulation_steps, as HF's Trainer reads it.
 void validate_accelerator_config(TrainingArguments& a) {
   const auto& c = a.accelerator_config;
-  for (const auto& [name, supported] :
-       {std::pair{"split_batches", !c.split_batches},
-        std::pair{"dispatch_batches", !c.dispatch_batches.value_or(false)},
-        std::pair{"even_batches", c.even_batches},
-        std::pair{"use_seedable_sampler", c.use_seedable_sampler},
-        std::pair{"use_configured_state", !c.use_configured_state}})
-    TORCH_CHECK(supported, "TrainingArguments: accelerator_config's ", name,
-                " is not supported by mixprec's Trainer, only its default");
+  for (const auto& [name, value, default_value] :
+       {std::tuple{"split_batches", c.split_batches, false},
+        std::tuple{"dispatch_batches", c.dispatch_batches.value_or(false), false},
+        std::tuple{"even_batches", c.even_batches, true},
+        std::tuple{"use_seedable_sampler", c.use_seedable_sampler, true},
+        std::tuple{"use_configured_state", c.use_configured_state, false}})
+    TORCH_CHECK(value == default_value, "TrainingArguments: accelerator_config's ", name, " = ",
+                value ? "true" : "false", " is not supported by mixprec's Trainer, only ",
+                default_value ? "true" : "false", " (HF's default)");
   if (!c.gradient_accumulation_kwargs || !c.gradient_accumulation_kwargs->num_steps) return;
   const int64_t num_steps = *c.gradient_accumulation_kwargs->num_steps;
   TORCH_CHECK(num_steps >= 1,
               "TrainingArguments: accelerator_config's gradient_accumulation_kwargs' num_steps "
               "must be >= 1, got ",
               num_steps);
-  // HF's error when gradient_accumulation_steps is another value (validating twice is fine).
+  // HF's error when gradient_accumulation_steps is also set; the same value passes, so that
+  // validating twice, or reading back training_args.json, works.
   TORCH_CHECK(a.gradient_accumulation_steps == 1 || a.gradient_accumulation_steps == num_steps,
               "TrainingArguments: accelerator_config's gradient_accumulation_kwargs' num_steps (",
               num_steps, ") is set but gradient_accumulation_steps is ",

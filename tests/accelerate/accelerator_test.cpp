@@ -111,8 +111,43 @@ TEST(Accelerator, AutocastGuardFollowsMixedPrecision) {
   }
   EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
   Accelerator none;
-  auto guard = none.autocast();
-  EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  {
+    auto guard = none.autocast();
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  }
+  // As Accelerate's nullcontext: "no" leaves the caller's own autocast alone.
+  mixprec::amp::Autocast own(at::kCPU, at::kBFloat16);
+  auto guard = none.autocast({{.enabled = false}});
+  EXPECT_TRUE(at::autocast::is_autocast_enabled(at::kCPU));
+}
+
+// Accelerate's AutocastKwargs: for the prepared forwards, and for a region of autocast().
+TEST(Accelerator, AutocastKwargsTurnItOffOrItsCacheOff) {
+  Accelerator off({.mixed_precision = "bf16", .autocast = {.enabled = false}});
+  Probe probe;
+  auto model = off.prepare(probe);
+  model(torch::randn({2, 4}));
+  EXPECT_EQ(probe->seen, at::kFloat);
+
+  Accelerator bf16({.mixed_precision = "bf16"});
+  {
+    auto guard = bf16.autocast();
+    auto inner = bf16.autocast({{.enabled = false}});  // back to fp32 in a region
+    EXPECT_FALSE(at::autocast::is_autocast_enabled(at::kCPU));
+  }
+  struct CacheProbe : torch::nn::Module {
+    at::Tensor forward(const at::Tensor& x) {
+      cache_enabled = at::autocast::is_autocast_cache_enabled();
+      return x;
+    }
+    bool cache_enabled = true;
+  };
+  Accelerator no_cache({.mixed_precision = "bf16", .autocast = {.cache_enabled = false}});
+  auto cache_probe = std::make_shared<CacheProbe>();
+  auto prepared = no_cache.prepare(cache_probe);
+  prepared(torch::randn({2}));
+  EXPECT_FALSE(cache_probe->cache_enabled);
+  EXPECT_TRUE(at::autocast::is_autocast_cache_enabled());  // restored
 }
 
 TEST(Accelerator, AccumulateSyncsEveryNStepsAndAtTheEndOfTheData) {
@@ -254,6 +289,11 @@ TEST(Accelerator, BackwardPassesItsOptionsOn) {
   accelerator.backward(loss);           // the graph is still there
   EXPECT_TRUE(torch::allclose(weight.grad(), 2 * expected));
   EXPECT_NE(error_of([&] { accelerator.backward(loss); }).find("a second time"), std::string::npos);
+  EXPECT_NE(error_of([&] {
+              accelerator.backward(model(torch::randn({2, 4}), torch::tensor({0, 1})).loss,
+                                   {.inputs = std::vector<at::Tensor>{}});
+            }).find("cannot be empty"),
+            std::string::npos);
 
   const auto x = torch::randn({2, 4}, torch::requires_grad());
   accelerator.backward(model(x, torch::tensor({0, 1})).loss,

@@ -178,6 +178,7 @@ TEST(CustomFunction, CastInputsRunsTheForwardAndBackwardWithoutAutocast) {
   const auto a = torch::randn({4, 8}).to(at::kBFloat16).requires_grad_();
   const auto b = torch::randn({8, 3}).to(at::kBFloat16).requires_grad_();
   cast_inputs = at::kFloat;
+  seen = {.forward_input = at::kBFloat16};
   at::Tensor out;
   {
     Autocast autocast(at::kCPU, at::kBFloat16);
@@ -208,6 +209,7 @@ TEST(CustomFunction, TheBackwardRunsUnderTheForwardsAutocast) {
   const auto a = torch::randn({4, 8}, torch::requires_grad());
   const auto b = torch::randn({8, 3}, torch::requires_grad());
   cast_inputs = std::nullopt;
+  seen = {};
   at::Tensor out;
   {
     Autocast autocast(at::kCPU, at::kBFloat16);
@@ -221,6 +223,7 @@ TEST(CustomFunction, TheBackwardRunsUnderTheForwardsAutocast) {
   EXPECT_EQ(a.grad().scalar_type(), at::kFloat);
 
   cast_inputs = at::kBFloat16;  // autocast is off: the inputs stay fp32
+  seen = {.forward_autocast = true, .forward_input = at::kBFloat16};
   out = MatMul::apply(a, b);
   EXPECT_FALSE(seen.forward_autocast);
   EXPECT_EQ(seen.forward_input, at::kFloat);
@@ -229,6 +232,38 @@ TEST(CustomFunction, TheBackwardRunsUnderTheForwardsAutocast) {
     out.sum().backward();
   }
   EXPECT_FALSE(seen.backward_autocast);
+}
+
+// The arguments _cast reaches besides tensors: an optional tensor, a list (as a vector), and a
+// number, which passes through.
+struct ScaledSum : torch::autograd::Function<ScaledSum> {
+  static at::Tensor forward(torch::autograd::AutogradContext* ctx, at::TensorList parts,
+                            const std::optional<at::Tensor>& bias, double scale) {
+    return mixprec::amp::custom_fwd(
+        ctx, at::kCPU, at::kFloat,
+        [](at::TensorList cast_parts, const std::optional<at::Tensor>& cast_bias, double factor) {
+          for (const auto& p : cast_parts) EXPECT_EQ(p.scalar_type(), at::kFloat);
+          EXPECT_EQ(cast_bias.value_or(cast_parts[0]).scalar_type(), at::kFloat);
+          auto sum = factor * (cast_parts[0] + cast_parts[1]);
+          return cast_bias ? sum + *cast_bias : sum;
+        },
+        parts, bias, scale);
+  }
+  static torch::autograd::variable_list backward(torch::autograd::AutogradContext*,
+                                                 torch::autograd::variable_list) {
+    return {};
+  }
+};
+
+TEST(CustomFunction, CastsOptionalTensorsAndListsAndPassesTheRest) {
+  Autocast autocast(at::kCPU, at::kBFloat16);
+  const auto half = torch::ones({2}, at::kBFloat16);
+  const std::vector<at::Tensor> parts{half, half};
+  const auto out = ScaledSum::apply(parts, std::optional<at::Tensor>(half), 3.0);
+  EXPECT_EQ(out.scalar_type(), at::kFloat);
+  EXPECT_TRUE(torch::equal(out, torch::full({2}, 7.0)));
+  EXPECT_TRUE(
+      torch::equal(ScaledSum::apply(parts, std::nullopt, 0.5), torch::ones({2}, at::kFloat)));
 }
 
 struct WithoutCustomFwd : torch::autograd::Function<WithoutCustomFwd> {

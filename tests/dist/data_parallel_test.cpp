@@ -214,6 +214,19 @@ TEST_F(DataParallel, SyncEachBatchAllReducesEveryMicroStep) {
   };
   const auto synced_once = run(false);
   const auto each_batch = run(true);
+  {  // an explicit no_sync still keeps each rank's own gradients
+    Accelerator acc({.gradient_accumulation_steps = 2, .sync_each_batch = true});
+    auto net = make_net();
+    auto model = acc.prepare(net);
+    torch::manual_seed(1 + acc.process_index());
+    auto guard = acc.accumulate();
+    {
+      auto local = acc.no_sync(model);
+      acc.backward(model(torch::randn({4, 6})).sum());
+    }
+    const auto grads = acc.gather(net->parameters()[0].grad().unsqueeze(0));
+    EXPECT_FALSE(torch::equal(grads[0], grads[1]));
+  }
   torch::manual_seed(0);
   EXPECT_FALSE(torch::equal(each_batch, flat_params(*make_net())));  // it did step
   EXPECT_TRUE(torch::allclose(each_batch, synced_once, 1e-6, 1e-7));

@@ -1631,6 +1631,25 @@ TEST_F(TrainerTest, ActivationCheckpointingTrainsTheSame) {
     EXPECT_NEAR(train(true, {{.every_n_layers = 2}}), plain, 1e-5 * plain);
     EXPECT_GT(std::abs(train(true, {{.preserve_rng_state = false}}) - plain), 1e-4 * plain);
   }
+  // What reaches the model of activation_checkpointing_kwargs.
+  struct Recording : ClassifierImpl, mixprec::models::SupportsActivationCheckpointing {
+    void activation_checkpointing_enable(int64_t n, bool preserve) override {
+      every_n_layers = n;
+      preserve_rng_state = preserve;
+    }
+    void activation_checkpointing_disable() override { every_n_layers = 0; }
+    bool is_activation_checkpointing() const override { return every_n_layers > 0; }
+    int64_t every_n_layers = 0;
+    bool preserve_rng_state = true;
+  };
+  auto recording = std::make_shared<Recording>();
+  auto with_kwargs = args("recording");
+  with_kwargs.activation_checkpointing = true;
+  with_kwargs.activation_checkpointing_kwargs = {
+      {.every_n_layers = 3, .preserve_rng_state = false}};
+  Trainer(recording, with_kwargs, train_, eval_);
+  EXPECT_EQ(recording->every_n_layers, 3);
+  EXPECT_FALSE(recording->preserve_rng_state);
 
   auto a = args("classifier");
   a.activation_checkpointing = true;

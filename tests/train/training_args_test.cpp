@@ -330,11 +330,32 @@ TEST(TrainingArguments, AcceleratorConfig) {
             }),
             "TrainingArguments: accelerator_config's gradient_accumulation_kwargs' num_steps (4) "
             "is set but gradient_accumulation_steps is 2; set only one of them");
+  auto twice = cli;  // validating again keeps num_steps (training_args.json reads back)
+  twice.validate();
+  EXPECT_EQ(twice.gradient_accumulation_steps, 4);
+  EXPECT_FALSE(TrainingArguments::from_json(R"({"accelerator_config": null})")
+                   .accelerator_config.gradient_accumulation_kwargs);
   EXPECT_EQ(error_of([] {
               TrainingArguments::from_json(R"({"accelerator_config": {"even_batches": false}})");
             }),
-            "TrainingArguments: accelerator_config's even_batches is not supported by mixprec's "
-            "Trainer, only its default");
+            "TrainingArguments: accelerator_config's even_batches = false is not supported by "
+            "mixprec's Trainer, only true (HF's default)");
+  for (const char* field :
+       {"split_batches", "dispatch_batches", "use_seedable_sampler", "use_configured_state"}) {
+    const bool value = std::string(field) != "use_seedable_sampler";
+    EXPECT_NE(
+        error_of([&] {
+          TrainingArguments::from_json(std::string(R"({"accelerator_config": {")") + field +
+                                       "\": " + (value ? "true" : "false") + "}}");
+        }).find(std::string(field) + " = " + (value ? "true" : "false") + " is not supported"),
+        std::string::npos)
+        << field;
+  }
+  EXPECT_NE(error_of([] {
+              TrainingArguments::from_json(
+                  R"({"accelerator_config": {"gradient_accumulation_kwargs": {"num_steps": 0}}})");
+            }).find("num_steps must be >= 1, got 0"),
+            std::string::npos);
   EXPECT_EQ(error_of([] {
               TrainingArguments::from_json(R"({"accelerator_config": {"split_batch": true}})");
             }),

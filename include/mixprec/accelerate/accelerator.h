@@ -48,23 +48,34 @@ struct ProjectConfiguration {
   int64_t iteration = 0;
 };
 
+/// Accelerate's AutocastKwargs: how mixed precision's autocast runs.
+struct AutocastKwargs {
+  bool enabled = true;
+  std::optional<bool> cache_enabled = std::nullopt;  // unset: as it is (torch's: on)
+};
+
 /// Options of `Accelerator`, with HF Accelerate's defaults.
 struct AcceleratorOptions {
-  /// "no", "fp16" (autocast fp16 + GradScaler) or "bf16" (autocast bf16).
+  /// "no", "fp16" (autocast fp16 + GradScaler, unless scaler.enabled is false) or "bf16"
+  /// (autocast bf16).
   std::string mixed_precision = "no";
   int64_t gradient_accumulation_steps = 1;
   /// Accelerate's GradientAccumulationPlugin: `accumulate()` at the end of a prepared loader
   /// makes a sync step, whatever the count (false: the window goes on into the next pass).
   bool sync_with_dataloader = true;
   /// Data parallel: all-reduce the gradients after every micro-step's backward, not only on
-  /// sync steps (the optimizer still steps on sync steps only). Less memory in DDP's reducer,
-  /// more communication; the same result up to rounding.
+  /// sync steps (the optimizer still steps on sync steps only; no_sync() still wins). More
+  /// communication, the same result up to rounding: Accelerate's memory saving is FSDP's,
+  /// whose unsynced gradients are unsharded.
   bool sync_each_batch = false;
   /// Stay on the CPU even when CUDA is available.
   bool cpu = false;
   /// The GradScaler's options for fp16 (Accelerate's GradScalerKwargs). `.enabled = false`:
   /// fp16 autocast without loss scaling (and scaler() is null).
   amp::GradScalerOptions scaler = {};
+  /// Prepared models' forwards and autocast() with fp16/bf16 (`.enabled = false`: fp32 unless
+  /// the caller's own autocast is on).
+  AutocastKwargs autocast = {};
   /// The prepared scheduler steps only when its optimizers did.
   bool step_scheduler_with_optimizer = true;
   /// false: each process gets batch_size samples, and the scheduler steps
@@ -223,7 +234,9 @@ class PreparedModel {
     auto outputs = [&] {
       std::optional<amp::Autocast> autocast;
       if (shared_->autocast_dtype)
-        autocast.emplace(shared_->device.type(), *shared_->autocast_dtype);
+        autocast.emplace(shared_->device.type(), *shared_->autocast_dtype,
+                         shared_->options.autocast.enabled,
+                         shared_->options.autocast.cache_enabled);
       return detail::to_fp32(forward());
     }();
     if (reducer_) {
@@ -389,7 +402,7 @@ class Accelerator {
     std::optional<std::vector<at::Tensor>> inputs = std::nullopt;
   };
   /// Divides the loss by gradient_accumulation_steps and back-propagates it,
-  /// scaled in fp16.
+  /// scaled by the GradScaler in fp16.
   void backward(const at::Tensor& loss, const BackwardOptions& options);
   void backward(const at::Tensor& loss) { backward(loss, BackwardOptions{}); }
 
@@ -457,8 +470,11 @@ class Accelerator {
   /// Unscales now (fp16), e.g. to inspect gradients; a no-op otherwise.
   void unscale_gradients();
 
-  /// Autocast as the accelerator is configured (a no-op guard for "no").
-  [[nodiscard]] amp::Autocast autocast() const;
+  /// Autocast as the accelerator is configured, or as `handler` says (Accelerate's
+  /// autocast(autocast_handler): `{.enabled = false}` turns it off inside a region). Nothing
+  /// for mixed_precision "no", whatever the handler, as Accelerate's.
+  [[nodiscard]] std::optional<amp::Autocast> autocast(
+      const std::optional<AutocastKwargs>& handler = std::nullopt) const;
 
   /// Whether the last optimizer step was skipped for an inf/NaN gradient.
   bool optimizer_step_was_skipped() const;

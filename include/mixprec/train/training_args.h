@@ -25,7 +25,8 @@ struct ActivationCheckpointingKwargs {
 /// which change nothing under the Trainer, as under HF's (it says itself which micro-steps
 /// sync, and steps its schedule once per update).
 struct GradientAccumulationKwargs {
-  /// gradient_accumulation_steps, when that is left at 1 (another value is an error, as HF's).
+  /// Read as gradient_accumulation_steps, which must be left at 1 (HF's error otherwise; here
+  /// the same value passes too, so that training_args.json reads back).
   std::optional<int64_t> num_steps = std::nullopt;
   /// Data parallel: all-reduce after every micro-step (accelerate::AcceleratorOptions').
   bool sync_each_batch = false;
@@ -34,14 +35,15 @@ struct GradientAccumulationKwargs {
 
 /// HF's `AcceleratorConfig` (TrainingArguments::accelerator_config), with its defaults: how
 /// the Trainer's Accelerator is made. Read from an object, its JSON text, or a JSON/YAML file's
-/// path. mixprec's Trainer takes the other fields at these values only: validate() says which
-/// is not supported.
+/// path (null: these defaults). mixprec's Trainer takes the other fields at these values only:
+/// validate() says which is not supported.
 struct AcceleratorConfig {
   bool split_batches = false;
   std::optional<bool> dispatch_batches = std::nullopt;
   bool even_batches = true;
   bool use_seedable_sampler = true;
-  /// Non-blocking copies of batches to an accelerator: nothing to do without one.
+  /// Non-blocking copies of batches to an accelerator. Read and ignored: mixprec has no pinned
+  /// path to CUDA yet (see dataloader_pin_memory), and on a CPU there is nothing to copy.
   bool non_blocking = false;
   std::optional<GradientAccumulationKwargs> gradient_accumulation_kwargs = std::nullopt;
   bool use_configured_state = false;
