@@ -791,9 +791,13 @@ at::Tensor Accelerator::reduce(const at::Tensor& tensor, const std::string& redu
 
 void Accelerator::init_trackers(const std::string& project_name) {
   if (!is_main_process()) return;
-  shared_->trackers =
+  auto named =
       log::make_trackers(shared_->options.log_with,
                          std::filesystem::path(shared_->options.project_dir) / project_name);
+  shared_->trackers.assign(std::make_move_iterator(named.begin()),
+                           std::make_move_iterator(named.end()));
+  shared_->trackers.insert(shared_->trackers.end(), shared_->options.custom_trackers.begin(),
+                           shared_->options.custom_trackers.end());
 }
 
 void Accelerator::log(const std::map<std::string, double>& values, int64_t step) {

@@ -489,10 +489,27 @@ TEST(Accelerator, LogsToItsTrackers) {
   const auto dir =
       std::filesystem::temp_directory_path() / ("mixprec_acc_" + std::to_string(getpid()));
   std::filesystem::remove_all(dir);
-  Accelerator accelerator({.log_with = {"jsonl", "tensorboard"}, .project_dir = dir.string()});
+  // One's own tracker (Accelerate's GeneralTracker instance in log_with) beside the named ones.
+  struct Recording : mixprec::log::Tracker {
+    void log(const std::map<std::string, double>& values, int64_t step) override {
+      logged.emplace_back(values, step);
+    }
+    void flush() override { ++flushes; }
+    std::vector<std::pair<std::map<std::string, double>, int64_t>> logged;
+    int flushes = 0;
+  };
+  auto recording = std::make_shared<Recording>();
+  Accelerator accelerator({.log_with = {"jsonl", "tensorboard"},
+                           .custom_trackers = {recording},
+                           .project_dir = dir.string()});
+  accelerator.log({{"loss", 1.0}}, 1);  // before init_trackers: nowhere, as Accelerate's
   accelerator.init_trackers("run1");
   accelerator.log({{"loss", 0.25}}, 7);
   accelerator.end_training();
+  ASSERT_EQ(recording->logged.size(), 1u);
+  EXPECT_EQ(recording->logged[0].first, (std::map<std::string, double>{{"loss", 0.25}}));
+  EXPECT_EQ(recording->logged[0].second, 7);
+  EXPECT_EQ(recording->flushes, 1);
   std::ifstream in(dir / "run1" / "log.jsonl");
   std::string line;
   ASSERT_TRUE(std::getline(in, line));

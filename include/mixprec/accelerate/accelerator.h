@@ -100,6 +100,10 @@ struct AcceleratorOptions {
   std::optional<std::chrono::milliseconds> timeout = std::nullopt;
   /// Trackers for `log()`: "tensorboard", "jsonl" (Accelerate's log_with).
   std::vector<std::string> log_with = {};
+  /// Trackers of one's own (Accelerate's GeneralTracker instances in log_with), beside
+  /// log_with's: on the main process, init_trackers() takes them, log() logs to them and
+  /// end_training() flushes them.
+  std::vector<std::shared_ptr<log::Tracker>> custom_trackers = {};
   /// Where `init_trackers(name)` puts them (project_dir/name), and automatically named
   /// checkpoints (project_dir/checkpoints).
   std::string project_dir = ".";
@@ -153,7 +157,7 @@ struct Shared {
   std::vector<optim::LRScheduler*> schedulers;
   std::vector<Checkpointable*> custom_objects;
   std::vector<std::shared_ptr<data::DataLoader>> loaders;
-  std::vector<std::unique_ptr<log::Tracker>> trackers;  // main process only
+  std::vector<std::shared_ptr<log::Tracker>> trackers;  // main process only
   std::shared_ptr<log::NumericsMonitor> monitor;        // when asked for
   bool trigger = false;                                 // set_trigger() on this process
 
@@ -619,7 +623,8 @@ class Accelerator {
   /// Saves and loads `object` with the state; it must outlive the accelerator's use of it.
   void register_for_checkpointing(Checkpointable& object);
 
-  /// Opens the trackers of `log_with` in project_dir/project_name (main process only).
+  /// Opens the trackers of `log_with` in project_dir/project_name, and takes the
+  /// custom_trackers (main process only).
   void init_trackers(const std::string& project_name);
   /// Logs scalars to every tracker, at `step` (main process only).
   void log(const std::map<std::string, double>& values, int64_t step);
