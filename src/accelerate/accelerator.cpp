@@ -11,9 +11,14 @@
 #include <ATen/Context.h>
 #include <c10/core/impl/DeviceGuardImplInterface.h>
 #include <c10/util/Exception.h>
+#include <c10/util/StringUtil.h>
 #include <torch/cuda.h>
 #include <torch/nn/utils/clip_grad.h>
 #include <torch/utils.h>
+#include <torch/version.h>
+#if __has_include(<ATen/DeviceAccelerator.h>)
+#include <ATen/DeviceAccelerator.h>
+#endif
 
 #include <nlohmann/json.hpp>
 
@@ -476,7 +481,8 @@ void Accelerator::save_model(const torch::nn::Module& model, const std::string& 
 void Accelerator::main_process_writes(const char* what, const std::function<void()>& write) const {
   std::exception_ptr failure;
   std::string message;
-  if (is_main_process()) {
+  if (shared_->options.project_config.save_on_each_node ? is_local_main_process()
+                                                        : is_main_process()) {
     try {
       write();
     } catch (const c10::Error& e) {
@@ -491,10 +497,12 @@ void Accelerator::main_process_writes(const char* what, const std::function<void
     if (failure && message.empty()) message = "an error without a message";
   }
   if (shared_->group)
-    message =
-        gather_object(is_main_process() ? std::vector{message} : std::vector<std::string>{}).at(0);
+    for (const auto& failed : gather_object({message}))
+      if (message.empty()) message = failed;
   if (failure) std::rethrow_exception(failure);
-  TORCH_CHECK(message.empty(), what, ": the main process failed: ", message);
+  TORCH_CHECK(message.empty(), what, ": ",
+              shared_->options.project_config.save_on_each_node ? "a node's" : "the",
+              " main process failed: ", message);
 }
 
 AcceleratedOptimizer::AcceleratedOptimizer(torch::optim::Optimizer& optimizer,
@@ -607,6 +615,16 @@ Accelerator::AccumulateGuard::~AccumulateGuard() = default;
 
 void Accelerator::unscale_gradients() {
   for (auto& [optimizer, flags] : shared_->optimizers) shared_->unscale(*optimizer, *flags);
+}
+
+void Accelerator::unscale_gradients(torch::optim::Optimizer& optimizer) {
+  if (!shared_->scaler) return;
+  const auto prepared = std::ranges::find(shared_->optimizers, &optimizer,
+                                          &decltype(shared_->optimizers)::value_type::first);
+  TORCH_CHECK(prepared != shared_->optimizers.end(),
+              "Accelerator::unscale_gradients: the optimizer was not prepared by this "
+              "accelerator");
+  shared_->unscale(optimizer, *prepared->second);
 }
 
 namespace {
@@ -782,14 +800,17 @@ at::Tensor Accelerator::split_between_processes(const at::Tensor& inputs,
 }
 
 at::Tensor Accelerator::reduce(const at::Tensor& tensor, const std::string& reduction) const {
-  TORCH_CHECK(reduction == "sum" || reduction == "mean", "Accelerator::reduce: unknown reduction '",
-              reduction, "'; expected \"sum\" or \"mean\"");
+  TORCH_CHECK(
+      reduction == "sum" || reduction == "mean" || reduction == "max" || reduction == "none",
+      "Accelerator::reduce: unknown reduction '", reduction,
+      "'; expected \"sum\", \"mean\", \"max\" or \"none\"");
   at::Tensor result = tensor.clone();
-  if (shared_->group) shared_->group->all_reduce_(result);
+  if (shared_->group) shared_->group->all_reduce_(result, reduction == "max");
   return reduction == "mean" ? result / num_processes() : result;
 }
 
-void Accelerator::init_trackers(const std::string& project_name) {
+void Accelerator::init_trackers(const std::string& project_name,
+                                const std::optional<log::Config>& config) {
   if (!is_main_process()) return;
   auto named =
       log::make_trackers(shared_->options.log_with,
@@ -798,10 +819,27 @@ void Accelerator::init_trackers(const std::string& project_name) {
                            std::make_move_iterator(named.end()));
   shared_->trackers.insert(shared_->trackers.end(), shared_->options.custom_trackers.begin(),
                            shared_->options.custom_trackers.end());
+  if (config)
+    for (auto& tracker : shared_->trackers) tracker->store_init_configuration(*config);
 }
 
 void Accelerator::log(const std::map<std::string, double>& values, int64_t step) {
   for (auto& tracker : shared_->trackers) tracker->log(values, step);
+}
+
+void Accelerator::log_text(const std::map<std::string, std::string>& values, int64_t step) {
+  for (auto& tracker : shared_->trackers) tracker->log_text(values, step);
+}
+
+log::Tracker* Accelerator::get_tracker(const std::string& name) const {
+  if (shared_->trackers.empty()) return nullptr;
+  std::vector<std::string> names;
+  for (const auto& tracker : shared_->trackers) names.push_back(tracker->name());
+  const auto found = std::ranges::find(names, name);
+  TORCH_CHECK(found != names.end(), "Accelerator::get_tracker: ", name,
+              " is not an available tracker stored inside the Accelerator (open: ",
+              c10::Join(", ", names), ")");
+  return shared_->trackers[static_cast<size_t>(found - names.begin())].get();
 }
 
 void Accelerator::end_training() {
@@ -815,6 +853,13 @@ void Accelerator::free_memory() {
   shared_->schedulers.clear();
   shared_->loaders.clear();
   shared_->step = 0;
+  clear_device_cache();
+}
+
+void clear_device_cache() {
+#if TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 9)
+  if (at::accelerator::getAccelerator(/*checked=*/false)) at::accelerator::emptyCache();
+#endif
 }
 
 void load_checkpoint_in_model(torch::nn::Module& model, const std::string& checkpoint) {

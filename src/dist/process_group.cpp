@@ -97,9 +97,11 @@ std::shared_ptr<ProcessGroup> ProcessGroup::from_environment() {
   return group;
 }
 
-void ProcessGroup::all_reduce_(at::Tensor& tensor) {
+void ProcessGroup::all_reduce_(at::Tensor& tensor, bool max) {
   std::vector<at::Tensor> tensors{tensor};
-  impl_->group->allreduce(tensors, {})->wait();  // c10d's default: SUM
+  c10d::AllreduceOptions options;
+  options.reduceOp = max ? c10d::ReduceOp::MAX : c10d::ReduceOp::SUM;
+  impl_->group->allreduce(tensors, options)->wait();
 }
 
 at::Tensor ProcessGroup::all_gather(const at::Tensor& tensor) {

@@ -2,12 +2,20 @@
 
 #include <c10/util/Exception.h>
 #include <unistd.h>
+#include <yaml-cpp/yaml.h>
 #include <nlohmann/json.hpp>
 
 #include <array>
+#include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cmath>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <set>
+#include <string_view>
+#include <type_traits>
 
 namespace mixprec::log {
 
@@ -44,28 +52,122 @@ void put_bytes(std::string& out, int field, const std::string& bytes) {
   out += bytes;
 }
 
-// tensorflow.Event{wall_time = 1 (double), step = 2 (int64), file_version = 3
-// (string), summary = 5 (Summary{value = 1 (Value{tag = 1, simple_value = 2 (float)})})}.
-std::string event(int64_t step, const std::string* file_version,
-                  const std::map<std::string, double>* scalars) {
+void put_varint_field(std::string& out, int field, uint64_t v) {
+  put_varint(out, static_cast<uint64_t>(field) << 3);
+  put_varint(out, v);
+}
+
+// tensorflow.Event{wall_time = 1 (double), step = 2 (int64), file_version = 3 (string),
+// summary = 5 (Summary{value = 1 (Value, repeated)})}.
+std::string event(int64_t step, const std::string* file_version, const std::string* summary) {
   std::string e;
   put_varint(e, 1 << 3 | 1);
   put_fixed(e, wall_time());
-  put_varint(e, 2 << 3 | 0);
-  put_varint(e, static_cast<uint64_t>(step));
+  put_varint_field(e, 2, static_cast<uint64_t>(step));
   if (file_version) put_bytes(e, 3, *file_version);
-  if (scalars) {
-    std::string summary;
-    for (const auto& [tag, value] : *scalars) {
-      std::string v;
-      put_bytes(v, 1, tag);
-      put_varint(v, 2 << 3 | 5);
-      put_fixed(v, static_cast<float>(value));
-      put_bytes(summary, 1, v);
-    }
-    put_bytes(e, 5, summary);
-  }
+  if (summary) put_bytes(e, 5, *summary);
   return e;
+}
+
+// Summary.Value{tag = 1, simple_value = 2 (float)}.
+std::string scalar_value(const std::string& tag, double value) {
+  std::string v;
+  put_bytes(v, 1, tag);
+  put_varint(v, 2 << 3 | 5);
+  put_fixed(v, static_cast<float>(value));
+  return v;
+}
+
+// SummaryMetadata{plugin_data = 1 (PluginData{plugin_name = 1, content = 2 (bytes)})}.
+std::string plugin_metadata(const std::string& plugin_name, const std::string& content) {
+  std::string plugin_data;
+  put_bytes(plugin_data, 1, plugin_name);
+  if (!content.empty()) put_bytes(plugin_data, 2, content);
+  std::string metadata;
+  put_bytes(metadata, 1, plugin_data);
+  return metadata;
+}
+
+// torch's add_text: Summary.Value{tag = 1, metadata = 9 (the text plugin's, TextPluginData
+// version 0: empty), tensor = 8 (TensorProto{dtype = 1 (DT_STRING = 7), tensor_shape = 2
+// (TensorShapeProto{dim = 2 (Dim{size = 1})}), string_val = 8})}.
+std::string text_value(const std::string& tag, const std::string& text) {
+  std::string dim, shape, tensor, v;
+  put_varint_field(dim, 1, 1);
+  put_bytes(shape, 2, dim);
+  put_varint_field(tensor, 1, 7);
+  put_bytes(tensor, 2, shape);
+  put_bytes(tensor, 8, text);
+  put_bytes(v, 1, tag + "/text_summary");
+  put_bytes(v, 9, plugin_metadata("text", ""));
+  put_bytes(v, 8, tensor);
+  return v;
+}
+
+// torch's hparams(): one summary of a Value{tag, metadata} whose plugin content is
+// HParamsPluginData{version = 1 (0), experiment = 2 | session_start_info = 3 |
+// session_end_info = 4}.
+std::string hparams_summary(const std::string& tag, int field, const std::string& message) {
+  std::string content;
+  put_varint_field(content, 1, 0);  // PLUGIN_DATA_VERSION
+  put_bytes(content, field, message);
+  std::string v, summary;
+  put_bytes(v, 1, tag);
+  put_bytes(v, 9, plugin_metadata("hparams", content));
+  put_bytes(summary, 1, v);
+  return summary;
+}
+
+// A JSON number, or the text "nan", "inf", "-inf" (JSON has no non-finite numbers).
+nlohmann::json json_number(double value) {
+  if (std::isfinite(value)) return value;
+  return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
+}
+
+// Python's repr of a float as PyYAML writes it: .nan / .inf, and ".0" added to a whole number
+// or before a bare exponent ("3.0", "1.0e-05"); fixed notation for exponents -4 to 15.
+std::string yaml_float(double v) {
+  if (std::isnan(v)) return ".nan";
+  if (std::isinf(v)) return v > 0 ? ".inf" : "-.inf";
+  char buffer[40];
+  const std::string shortest(  // "-d.ddde+XX", the fewest digits that read back
+      buffer, std::to_chars(buffer, buffer + sizeof(buffer), v, std::chars_format::scientific).ptr);
+  const size_t e = shortest.find('e');
+  const int exponent = std::stoi(shortest.substr(e + 1));
+  std::string digits = shortest.substr(0, e);
+  const bool negative = digits[0] == '-';
+  std::erase(digits, '-');
+  std::erase(digits, '.');
+  std::string out = negative ? "-" : "";
+  if (exponent >= -4 && exponent < 16) {
+    const auto whole = static_cast<size_t>(exponent + 1);
+    if (exponent < 0)
+      out += "0." + std::string(static_cast<size_t>(-exponent - 1), '0') + digits;
+    else if (digits.size() <= whole)
+      out += digits + std::string(whole - digits.size(), '0') + ".0";
+    else
+      out += digits.substr(0, whole) + "." + digits.substr(whole);
+  } else {
+    char tail[16];
+    std::snprintf(tail, sizeof(tail), "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
+    out += digits.substr(0, 1) + "." + (digits.size() > 1 ? digits.substr(1) : "0") + tail;
+  }
+  return out;
+}
+
+// Whether PyYAML would quote `text` (single quotes, as here): YAML 1.1 would read it unquoted
+// as a bool, null or what may be a number, or it holds an indicator. Quoting more than needed
+// is harmless; quoting less would change the value read back.
+bool yaml_needs_quotes(const std::string& text) {
+  static const std::set<std::string> words = {
+      "y",  "Y",    "yes",  "Yes",  "YES",   "n",     "N",     "no",  "No",
+      "NO", "true", "True", "TRUE", "false", "False", "FALSE", "on",  "On",
+      "ON", "off",  "Off",  "OFF",  "~",     "null",  "Null",  "NULL"};
+  return text.empty() || words.count(text) > 0 ||
+         std::isdigit(static_cast<unsigned char>(text[0])) ||
+         std::string_view("-+.?!&*|>%@`'\"{}[],#").find(text[0]) != std::string_view::npos ||
+         text.find(": ") != std::string::npos || text.find(" #") != std::string::npos ||
+         text.front() == ' ' || text.back() == ' ' || text.back() == ':';
 }
 
 uint32_t masked(uint32_t crc) { return ((crc >> 15) | (crc << 17)) + 0xa282ead8u; }
@@ -93,19 +195,41 @@ JsonlTracker::JsonlTracker(const std::filesystem::path& path)
 
 void JsonlTracker::log(const std::map<std::string, double>& values, int64_t step) {
   nlohmann::json line = {{"step", step}, {"wall_time", wall_time()}};
-  for (const auto& [key, value] : values) {
-    if (std::isfinite(value))
-      line[key] = value;
-    else
-      line[key] = std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
-  }
-  out_ << line.dump() << '\n';
+  for (const auto& [key, value] : values) line[key] = json_number(value);
+  write_line(line.dump());
+}
+
+void JsonlTracker::log_text(const std::map<std::string, std::string>& values, int64_t step) {
+  nlohmann::json line = {{"step", step}, {"wall_time", wall_time()}};
+  for (const auto& [key, value] : values) line[key] = value;
+  write_line(line.dump());
+}
+
+void JsonlTracker::store_init_configuration(const Config& config) {
+  nlohmann::json values = nlohmann::json::object();
+  for (const auto& [key, value] : config)
+    std::visit(
+        [&, &key = key](const auto& v) {
+          if constexpr (std::is_same_v<std::decay_t<decltype(v)>, double>)
+            values[key] = json_number(v);
+          else
+            values[key] = v;
+        },
+        value);
+  write_line(nlohmann::json{{"wall_time", wall_time()}, {"config", values}}.dump());
+}
+
+void JsonlTracker::write_line(const std::string& line) {
+  out_ << line << '\n';
   TORCH_CHECK(out_.good(), "writing ", path_.string(), " failed");
 }
 
-void JsonlTracker::flush() { out_.flush(); }
+void JsonlTracker::flush() {
+  out_.flush();
+  TORCH_CHECK(out_.good(), "writing ", path_.string(), " failed");
+}
 
-TensorBoardTracker::TensorBoardTracker(const std::filesystem::path& log_dir) {
+TensorBoardTracker::TensorBoardTracker(const std::filesystem::path& log_dir) : log_dir_(log_dir) {
   std::filesystem::create_directories(log_dir);
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
@@ -118,7 +242,76 @@ TensorBoardTracker::TensorBoardTracker(const std::filesystem::path& log_dir) {
 }
 
 void TensorBoardTracker::log(const std::map<std::string, double>& values, int64_t step) {
-  write_record(event(step, nullptr, &values));
+  std::string summary;
+  for (const auto& [tag, value] : values) put_bytes(summary, 1, scalar_value(tag, value));
+  write_record(event(step, nullptr, &summary));
+}
+
+void TensorBoardTracker::log_text(const std::map<std::string, std::string>& values, int64_t step) {
+  std::string summary;
+  for (const auto& [tag, text] : values) put_bytes(summary, 1, text_value(tag, text));
+  write_record(event(step, nullptr, &summary));
+}
+
+// As torch's hparams(): numbers (bools too, which Python takes for numbers there) are
+// DATA_TYPE_FLOAT64 = 3 with number_value = 2, text DATA_TYPE_STRING = 1 with string_value = 3.
+void TensorBoardTracker::store_init_configuration(const Config& config) {
+  std::string experiment, session_start, session_end;
+  YAML::Emitter yaml;
+  yaml << YAML::BeginMap;
+  for (const auto& [key, value] : config) {
+    const auto* text = std::get_if<std::string>(&value);
+    std::string info, protobuf_value, entry;
+    put_bytes(info, 1, key);
+    put_varint_field(info, 4, text ? 1 : 3);
+    put_bytes(experiment, 4, info);  // Experiment.hparam_infos
+    if (text) {
+      put_bytes(protobuf_value, 3, *text);
+    } else {
+      put_varint(protobuf_value, 2 << 3 | 1);
+      put_fixed(protobuf_value, std::visit(
+                                    [](const auto& v) -> double {
+                                      if constexpr (std::is_arithmetic_v<std::decay_t<decltype(v)>>)
+                                        return static_cast<double>(v);
+                                      else
+                                        return 0;
+                                    },
+                                    value));
+    }
+    put_bytes(entry, 1, key);
+    put_bytes(entry, 2, protobuf_value);
+    put_bytes(session_start, 1, entry);  // SessionStartInfo.hparams, a map
+    yaml << YAML::Key << key << YAML::Value;
+    std::visit(
+        [&](const auto& v) {
+          using T = std::decay_t<decltype(v)>;
+          if constexpr (std::is_same_v<T, double>)
+            yaml << yaml_float(v);
+          else if constexpr (std::is_same_v<T, std::string>)
+            yaml << (yaml_needs_quotes(v) ? YAML::SingleQuoted : YAML::Auto) << v;
+          else
+            yaml << v;
+        },
+        value);
+  }
+  yaml << YAML::EndMap;
+  put_varint_field(session_end, 1, 1);  // SessionEndInfo.status = STATUS_SUCCESS
+  // As Accelerate's TensorBoardTracker: add_hparams' own event file, in a folder named by the
+  // time (Python's str(time.time())), and hparams.yml (Accelerate's goes in a second folder
+  // named by a later time; here beside it).
+  char now[40];
+  const double time = wall_time();
+  const auto dir = log_dir_ / std::string(now, std::to_chars(now, now + sizeof(now), time).ptr);
+  TensorBoardTracker writer(dir);
+  for (const auto& summary : {hparams_summary("_hparams_/experiment", 2, experiment),
+                              hparams_summary("_hparams_/session_start_info", 3, session_start),
+                              hparams_summary("_hparams_/session_end_info", 4, session_end)})
+    writer.write_record(event(0, nullptr, &summary));
+  writer.flush();
+  std::ofstream out(dir / "hparams.yml");
+  out << yaml.c_str() << '\n';
+  out.close();
+  TORCH_CHECK(out.good(), "writing ", (dir / "hparams.yml").string(), " failed");
 }
 
 // TFRecord: uint64 length, masked crc of the length, data, masked crc of the data.
@@ -133,7 +326,10 @@ void TensorBoardTracker::write_record(const std::string& data) {
   TORCH_CHECK(out_.good(), "writing ", file_.string(), " failed");
 }
 
-void TensorBoardTracker::flush() { out_.flush(); }
+void TensorBoardTracker::flush() {
+  out_.flush();
+  TORCH_CHECK(out_.good(), "writing ", file_.string(), " failed");
+}
 
 std::vector<std::unique_ptr<Tracker>> make_trackers(const std::vector<std::string>& names,
                                                     const std::filesystem::path& dir) {

@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
+#include <torch/cuda.h>
 #include <torch/nn/modules/embedding.h>
 #include <torch/nn/modules/normalization.h>
 #include <torch/optim/sgd.h>
@@ -20,6 +21,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <charconv>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -61,11 +63,21 @@ dist::GradientReducerOptions ddp_options(const TrainingArguments& args,
   if (args.ddp_bucket_cap_mb) ddp.bucket_cap_mb = *args.ddp_bucket_cap_mb;
   if (args.ddp_broadcast_buffers) ddp.broadcast_buffers = *args.ddp_broadcast_buffers;
   const auto* checkpointing = dynamic_cast<const models::SupportsActivationCheckpointing*>(&module);
-  ddp.find_unused_parameters = args.ddp_find_unused_parameters.value_or(
-      !(checkpointing && checkpointing->is_activation_checkpointing()));
+  // DDP's static graph finds the unused parameters itself, in its first iteration; c10d's
+  // static-graph mode needs DDP's Python _DDPSink, so here find_unused_parameters does it.
+  ddp.find_unused_parameters =
+      args.ddp_find_unused_parameters.value_or(
+          !(checkpointing && checkpointing->is_activation_checkpointing())) ||
+      args.ddp_static_graph.value_or(false);
   if (args.ddp_comm_hook == "fp16") ddp.compression = dist::GradientCompression::kFp16;
   if (args.ddp_comm_hook == "bf16") ddp.compression = dist::GradientCompression::kBf16;
   return ddp;
+}
+
+// HF's TrainingArguments.should_save: whether this process writes checkpoints (and removes
+// them).
+bool should_save(const TrainingArguments& args, const accelerate::Accelerator& acc) {
+  return args.save_on_each_node ? acc.is_local_main_process() : acc.is_main_process();
 }
 
 // The batch keys that hold labels.
@@ -138,9 +150,10 @@ std::string with_commas(int64_t n) {
   return n < 0 ? "-" + out : out;
 }
 
-std::vector<std::string> keys_of(const data::Batch& batch) {
+template <typename Map>
+std::vector<std::string> keys_of(const Map& map) {
   std::vector<std::string> keys;
-  for (const auto& [key, value] : batch) keys.push_back(key);
+  for (const auto& [key, value] : map) keys.push_back(key);
   return keys;
 }
 
@@ -487,6 +500,11 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
               args_.eval_strategy, "\" but no eval_dataset was given");
   TORCH_CHECK(args_.save_strategy != "best" || args_.metric_for_best_model,
               "Trainer: metric_for_best_model must be provided when using 'best' save_strategy");
+  // As HF's enable_tf32 before torch 2.9 (validate() refused tf32 = true without CUDA).
+  if (args_.tf32 && torch::cuda::is_available()) {
+    at::globalContext().setAllowTF32CuBLAS(*args_.tf32);
+    at::globalContext().setAllowTF32CuDNN(*args_.tf32);
+  }
   accelerator_ = std::make_shared<accelerate::Accelerator>(accelerate::AcceleratorOptions{
       .mixed_precision = args_.fp16 ? "fp16" : (args_.bf16 ? "bf16" : "no"),
       // As HF's: the Trainer divides each loss by its accumulation window's length itself
@@ -502,6 +520,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
       .timeout = std::chrono::seconds(args_.ddp_timeout),
       .log_with = args_.report_to,
       .project_dir = args_.output_dir,
+      .project_config = {.save_on_each_node = args_.save_on_each_node},
       .numerics_monitor = args_.numerics_monitor_steps > 0
                               ? std::optional(log::NumericsMonitorOptions{
                                     .every_n_steps = args_.numerics_monitor_steps})
@@ -533,7 +552,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   TORCH_CHECK(!args_.eval_on_start || impl.eval_dataset,
               "Trainer::train: eval_on_start is true but no eval_dataset was given");
   if (!resume_from_checkpoint) resume_from_checkpoint = args_.resume_from_checkpoint;
-  if (acc.is_main_process() && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
+  if (should_save(args_, acc) && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
     MIXPREC_WARN("Trainer: removed checkpoint folders a killed run left unfinished in ",
                  args_.output_dir);
   const bool resume_last = resume_from_checkpoint == "last";
@@ -666,13 +685,41 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
   }
   std::vector<torch::optim::OptimizerParamGroup> groups;
   std::unique_ptr<torch::optim::Optimizer> optimizer;
+  auto optim_args = parse_optim_args(args_.optim_args);
   if (args_.optim == "sgd") {
-    groups.emplace_back(
-        decay, std::make_unique<torch::optim::SGDOptions>(
-                   torch::optim::SGDOptions(args_.learning_rate).weight_decay(args_.weight_decay)));
-    groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(args_.learning_rate));
-    optimizer =
-        std::make_unique<torch::optim::SGD>(groups, torch::optim::SGDOptions(args_.learning_rate));
+    // As HF's _get_sgd: optim_args are the defaults, whose weight_decay each group overrides.
+    // So it is read and not set: LibTorch's param groups take the defaults' value for an option
+    // at its default (weight decay 0 in the group without decay).
+    auto options = torch::optim::SGDOptions(args_.learning_rate);
+    auto number = [&](const char* key) {
+      const auto it = optim_args.find(key);
+      if (it == optim_args.end()) return std::optional<double>();
+      // As Python's float() (less its "_" between digits): no hexadecimal, a "+" allowed.
+      const std::string& text = it->second;
+      const char* begin = text.c_str() + (text.starts_with('+') ? 1 : 0);
+      double value = 0;
+      const auto [end, error] = std::from_chars(begin, text.c_str() + text.size(), value);
+      TORCH_CHECK(!text.empty() && error == std::errc() && end == text.c_str() + text.size(),
+                  "Trainer: optim_args' ", key, " must be a number, got '", text, "'");
+      optim_args.erase(it);
+      return std::optional(value);
+    };
+    if (auto v = number("momentum")) options.momentum(*v);
+    if (auto v = number("dampening")) options.dampening(*v);
+    number("weight_decay");
+    if (auto it = optim_args.find("nesterov"); it != optim_args.end()) {
+      std::string value = it->second;
+      std::transform(value.begin(), value.end(), value.begin(),
+                     [](unsigned char c) { return std::tolower(c); });
+      options.nesterov(value == "true" || value == "1" || value == "yes");
+      optim_args.erase(it);
+    }
+    groups.emplace_back(decay,
+                        std::make_unique<torch::optim::SGDOptions>(
+                            torch::optim::SGDOptions(options).weight_decay(args_.weight_decay)));
+    groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(
+                                      torch::optim::SGDOptions(options).weight_decay(0.0)));
+    optimizer = std::make_unique<torch::optim::SGD>(groups, options);
   } else {
     // A model whose parameters are bf16 trains pure bf16 (no fp32 master copy):
     // its updates are rounded stochastically, so those below half a bf16 ulp
@@ -689,6 +736,11 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
                                       optim::AdamWOptions(options).weight_decay(0.0)));
     optimizer = std::make_unique<optim::AdamW>(groups, options);
   }
+  // HF ignores them silently.
+  if (!optim_args.empty())
+    MIXPREC_WARN("Trainer: optim ", args_.optim, " does not read optim_args' ",
+                 c10::Join(", ", keys_of(optim_args)),
+                 "; only sgd reads some (momentum, dampening, weight_decay, nesterov)");
   optim::SchedulerOptions schedule_options{
       .num_warmup_steps = absolute_steps(args_.warmup_steps, max_steps),
       .num_training_steps = max_steps};
@@ -800,6 +852,10 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
   }
   const StopSignals stop_signals;
   int stopped_by = 0;
+  // As HF's TensorBoardCallback.on_train_begin: the arguments, as text.
+  if (std::ranges::count(args_.report_to, "tensorboard") > 0)
+    if (auto* tensorboard = acc.get_tracker("tensorboard"))  // none on the other processes
+      tensorboard->log_text({{"args", args_.to_json()}}, 0);
   impl.call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_train_begin(a, s, c); });
   if (args_.eval_on_start) evaluate();  // as HF's: no best metric from it
   log::ProgressBar progress(
@@ -924,6 +980,8 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
                   "Trainer: ", impl.compute_loss ? "compute_loss_func" : "the model",
                   " returned no loss; does the batch hold labels? (its keys: ",
                   c10::Join(", ", keys_of(batch)), ")");
+      if (args_.torch_empty_cache_steps && state_.global_step % *args_.torch_empty_cache_steps == 0)
+        accelerate::clear_device_cache();
       // One host read of the loss where its value matters: without a scaler nothing would skip
       // a non-finite step (stop before it is taken), and logging_nan_inf_filter keeps it out of
       // the logged loss.
@@ -1074,7 +1132,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
   }
   if (args_.save_total_limit == 1 && state_.best_model_checkpoint && !stopped_by &&
-      acc.is_main_process())
+      should_save(args_, acc))
     for (const auto& [step, dir] : io::checkpoints(args_.output_dir))
       if (!same_folder(dir, *state_.best_model_checkpoint)) {
         log::info("Deleting older checkpoint [", dir.string(), "] due to args.save_total_limit");
@@ -1100,7 +1158,7 @@ void Trainer::save_checkpoint(bool model_only) {
       {{"trainer_state.json", state_.to_json()}, {"training_args.json", args_.to_json()}},
       model_only);
   // As HF's _rotate_checkpoints: a limit of 0 or below keeps every checkpoint.
-  if (args_.save_total_limit.value_or(0) > 0 && acc.is_main_process())
+  if (args_.save_total_limit.value_or(0) > 0 && should_save(args_, acc))
     rotate_checkpoints(*args_.save_total_limit);
   impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_save(a, s, c); });
 }

@@ -5,6 +5,7 @@
 #include "argument_parser.h"
 
 #include <c10/util/Exception.h>
+#include <torch/cuda.h>
 
 #include <algorithm>
 #include <cctype>
@@ -50,13 +51,18 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("bf16", a.bf16),
       argument("fp16_full_eval", a.fp16_full_eval),
       argument("bf16_full_eval", a.bf16_full_eval),
+      argument("tf32", a.tf32),
       argument("per_device_train_batch_size", a.per_device_train_batch_size),
       argument("per_device_eval_batch_size", a.per_device_eval_batch_size),
       argument("prediction_loss_only", a.prediction_loss_only),
       argument("include_for_metrics", a.include_for_metrics),
       argument("batch_eval_metrics", a.batch_eval_metrics),
+      argument("eval_accumulation_steps", a.eval_accumulation_steps),
+      argument("eval_do_concat_batches", a.eval_do_concat_batches),
+      argument("eval_use_gather_object", a.eval_use_gather_object),
       argument("auto_find_batch_size", a.auto_find_batch_size),
       argument("gradient_accumulation_steps", a.gradient_accumulation_steps),
+      argument("torch_empty_cache_steps", a.torch_empty_cache_steps),
       argument("accelerator_config", a.accelerator_config),
       argument("activation_checkpointing", a.activation_checkpointing, {"gradient_checkpointing"}),
       argument("activation_checkpointing_kwargs", a.activation_checkpointing_kwargs,
@@ -80,6 +86,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("save_steps", a.save_steps),
       argument("save_total_limit", a.save_total_limit),
       argument("save_only_model", a.save_only_model),
+      argument("save_on_each_node", a.save_on_each_node),
       argument("load_best_model_at_end", a.load_best_model_at_end),
       argument("metric_for_best_model", a.metric_for_best_model),
       argument("greater_is_better", a.greater_is_better),
@@ -98,9 +105,13 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("dataloader_prefetch_factor", a.dataloader_prefetch_factor),
       argument("dataloader_persistent_workers", a.dataloader_persistent_workers),
       argument("dataloader_pin_memory", a.dataloader_pin_memory),
+      argument("dataloader_in_order", a.dataloader_in_order),
+      argument("dataloader_multiprocessing_context", a.dataloader_multiprocessing_context),
+      argument("remove_unused_columns", a.remove_unused_columns),
       argument("average_tokens_across_devices", a.average_tokens_across_devices),
       include_num_input_tokens_seen(a),
       argument("optim", a.optim),
+      argument("optim_args", a.optim_args),
       argument("report_to", a.report_to),
       argument("resume_from_checkpoint", a.resume_from_checkpoint),
       argument("ignore_data_skip", a.ignore_data_skip),
@@ -111,6 +122,7 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("ddp_find_unused_parameters", a.ddp_find_unused_parameters),
       argument("ddp_bucket_cap_mb", a.ddp_bucket_cap_mb),
       argument("ddp_broadcast_buffers", a.ddp_broadcast_buffers),
+      argument("ddp_static_graph", a.ddp_static_graph),
       argument("ddp_backend", a.ddp_backend),
       argument("ddp_timeout", a.ddp_timeout),
       argument("ddp_comm_hook", a.ddp_comm_hook),
@@ -157,6 +169,24 @@ void validate_accelerator_config(TrainingArguments& a) {
 
 }  // namespace
 
+std::map<std::string, std::string> parse_optim_args(const std::optional<std::string>& optim_args) {
+  std::map<std::string, std::string> parsed;
+  if (!optim_args || optim_args->empty()) return parsed;
+  std::string text = *optim_args;
+  std::erase(text, ' ');
+  for (size_t start = 0;;) {  // as Python's split(","): "a=1," ends in an empty pair
+    const size_t comma = text.find(',', start);
+    const std::string pair = text.substr(start, comma - start);
+    const size_t equals = pair.find('=');
+    TORCH_CHECK(equals != std::string::npos && pair.find('=', equals + 1) == std::string::npos,
+                "TrainingArguments: optim_args must be key=value pairs separated by commas, got '",
+                pair, "' in '", *optim_args, "'");
+    parsed[pair.substr(0, equals)] = pair.substr(equals + 1);
+    if (comma == std::string::npos) return parsed;
+    start = comma + 1;
+  }
+}
+
 void TrainingArguments::validate() {
   for (const auto& [name, value] : {std::pair{"eval_strategy", &eval_strategy},
                                     std::pair{"logging_strategy", &logging_strategy}}) {
@@ -185,6 +215,23 @@ void TrainingArguments::validate() {
   TORCH_CHECK(one_of(optim, {"adamw_torch", "adamw_torch_fused", "sgd"}),
               "TrainingArguments: optim '", optim,
               "' is not one of \"adamw_torch\", \"adamw_torch_fused\", \"sgd\"");
+  parse_optim_args(optim_args);  // its errors now rather than when train() makes the optimizer
+  TORCH_CHECK(torch_empty_cache_steps.value_or(1) > 0,
+              "`torch_empty_cache_steps` must be an integer bigger than 0, got ",
+              torch_empty_cache_steps.value_or(0), ".");
+  // mixprec's check (HF would divide by it during the evaluation).
+  TORCH_CHECK(eval_accumulation_steps.value_or(1) > 0,
+              "TrainingArguments: eval_accumulation_steps must be > 0, got ",
+              eval_accumulation_steps.value_or(0));
+  TORCH_CHECK(eval_do_concat_batches,
+              "TrainingArguments: eval_do_concat_batches = false is not supported by mixprec: "
+              "EvalPrediction holds each output as one tensor over all batches");
+  TORCH_CHECK(!eval_use_gather_object,
+              "TrainingArguments: eval_use_gather_object = true is not supported by mixprec: "
+              "the evaluation's outputs are tensors, gathered as tensors");
+  // HF's message: TF32 needs CUDA (and an Ampere GPU, which torch then checks).
+  TORCH_CHECK(!tf32.value_or(false) || torch::cuda::is_available(),
+              "--tf32 requires Ampere or a newer GPU arch, cuda>=11 and torch>=1.7");
   for (const auto& r : report_to)
     TORCH_CHECK(one_of(r, {"tensorboard", "jsonl", "none", "all"}),
                 "TrainingArguments: report_to '", r,
@@ -253,6 +300,19 @@ void TrainingArguments::validate() {
               dataloader_prefetch_factor.value_or(0));
   TORCH_CHECK(dataloader_num_workers > 0 || !dataloader_persistent_workers,
               "TrainingArguments: dataloader_persistent_workers needs dataloader_num_workers > 0");
+  // torch's DataLoader's errors, with Linux's start methods.
+  if (dataloader_multiprocessing_context) {
+    TORCH_CHECK(dataloader_num_workers > 0,
+                "TrainingArguments: dataloader_multiprocessing_context: multiprocessing_context "
+                "can only be used with multi-process loading (num_workers > 0), but got "
+                "num_workers=",
+                dataloader_num_workers);
+    TORCH_CHECK(one_of(*dataloader_multiprocessing_context, {"fork", "spawn", "forkserver"}),
+                "TrainingArguments: dataloader_multiprocessing_context: multiprocessing_context "
+                "option should specify a valid start method in ['fork', 'spawn', 'forkserver'], "
+                "but got multiprocessing_context='",
+                *dataloader_multiprocessing_context, "'");
+  }
   if (use_cpu) dataloader_pin_memory = false;
   TORCH_CHECK(warmup_steps >= 0, "Got warmup_steps = ", warmup_steps,
               ", Expected value warmup_steps >= 0");

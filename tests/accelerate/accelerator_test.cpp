@@ -458,9 +458,52 @@ TEST(Accelerator, BadOptionsAreClearErrors) {
             std::string::npos);
   Accelerator accelerator;
   EXPECT_NE(error_of([&] {
-              accelerator.reduce(torch::ones({1}), "max");
-            }).find("unknown reduction 'max'"),
+              accelerator.reduce(torch::ones({1}), "min");
+            }).find("unknown reduction 'min'; expected \"sum\", \"mean\", \"max\" or \"none\""),
             std::string::npos);
+}
+
+// Accelerate's process predicates and on_* decorators, on one process: it is the main, local
+// main and last process, and process 0.
+TEST(Accelerator, OnProcessRunsOnThatProcessOnly) {
+  Accelerator accelerator;
+  EXPECT_TRUE(accelerator.is_last_process());
+  std::vector<std::string> ran;
+  accelerator.on_main_process([&] { ran.push_back("main"); });
+  accelerator.on_local_main_process([&] { ran.push_back("local main"); });
+  accelerator.on_last_process([&] { ran.push_back("last"); });
+  accelerator.on_process(0, [&] { ran.push_back("0"); });
+  accelerator.on_process(1, [&] { ran.push_back("1"); });
+  accelerator.on_local_process(0, [&] { ran.push_back("local 0"); });
+  accelerator.on_local_process(1, [&] { ran.push_back("local 1"); });
+  EXPECT_EQ(ran, (std::vector<std::string>{"main", "local main", "last", "0", "local 0"}));
+  // One process: every reduction is the tensor itself.
+  const auto t = torch::arange(3, torch::kFloat);
+  for (const char* reduction : {"sum", "mean", "max", "none"})
+    EXPECT_TRUE(torch::equal(accelerator.reduce(t, reduction), t)) << reduction;
+}
+
+// Accelerate's unscale_gradients(optimizer): that optimizer's gradients only, once a step.
+TEST(Accelerator, UnscaleGradientsOfOneOptimizer) {
+  Accelerator accelerator({.mixed_precision = "fp16", .scaler = {.init_scale = 1024.0}});
+  torch::nn::Linear a(3, 1), b(3, 1);
+  torch::optim::SGD sgd_a(a->parameters(), 0.1), sgd_b(b->parameters(), 0.1);
+  auto [optimizer_a, optimizer_b] = accelerator.prepare(sgd_a, sgd_b);
+  const auto x = torch::ones({2, 3});
+  accelerator.backward((a(x) + b(x)).sum());  // d/dw = 2 per weight, times the scale
+  accelerator.unscale_gradients(optimizer_a);
+  accelerator.unscale_gradients(sgd_a);  // already unscaled this step: nothing
+  EXPECT_TRUE(torch::equal(a->weight.grad(), torch::full({1, 3}, 2.0)));
+  EXPECT_TRUE(torch::equal(b->weight.grad(), torch::full({1, 3}, 2048.0)));
+  accelerator.unscale_gradients();  // the rest
+  EXPECT_TRUE(torch::equal(b->weight.grad(), torch::full({1, 3}, 2.0)));
+  torch::optim::SGD other(a->parameters(), 0.1);
+  EXPECT_NE(error_of([&] {
+              accelerator.unscale_gradients(other);
+            }).find("the optimizer was not prepared by this accelerator"),
+            std::string::npos);
+  Accelerator fp32;  // nothing to unscale: any optimizer, as Accelerate's
+  EXPECT_NO_THROW(fp32.unscale_gradients(other));
 }
 
 TEST(Accelerator, GatherForMetricsDropsThePaddingOfTheLastBatch) {
@@ -520,6 +563,59 @@ TEST(Accelerator, LogsToItsTrackers) {
   for (const auto& entry : std::filesystem::directory_iterator(dir / "run1"))
     has_events |= entry.path().filename().string().starts_with("events.out.tfevents.");
   EXPECT_TRUE(has_events);
+  std::filesystem::remove_all(dir);
+}
+
+// Accelerate's init_trackers(name, config), log of text values and get_tracker.
+TEST(Accelerator, TrackersStoreTheConfigTakeTextAndAreFoundByName) {
+  const auto dir =
+      std::filesystem::temp_directory_path() / ("mixprec_acc_config_" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  struct Recording : mixprec::log::Tracker {
+    std::string name() const override { return "mine"; }
+    void log(const std::map<std::string, double>&, int64_t) override {}
+    void log_text(const std::map<std::string, std::string>& values, int64_t step) override {
+      texts.emplace_back(values, step);
+    }
+    void store_init_configuration(const mixprec::log::Config& config) override {
+      configs.push_back(config);
+    }
+    void flush() override {}
+    std::vector<std::pair<std::map<std::string, std::string>, int64_t>> texts;
+    std::vector<mixprec::log::Config> configs;
+  };
+  auto recording = std::make_shared<Recording>();
+  Accelerator accelerator({.log_with = {"jsonl", "tensorboard"},
+                           .custom_trackers = {recording},
+                           .project_dir = dir.string()});
+  EXPECT_EQ(accelerator.get_tracker("jsonl"), nullptr);  // none before init_trackers
+  const mixprec::log::Config config = {{"learning_rate", 1e-3}, {"batch_size", int64_t{32}}};
+  accelerator.init_trackers("run", config);
+  ASSERT_EQ(recording->configs.size(), 1u);
+  EXPECT_EQ(recording->configs[0], config);
+  accelerator.log_text({{"note", "hello"}}, 3);
+  ASSERT_EQ(recording->texts.size(), 1u);
+  EXPECT_EQ(recording->texts[0].first.at("note"), "hello");
+  EXPECT_EQ(recording->texts[0].second, 3);
+  EXPECT_EQ(accelerator.get_tracker("mine"), recording.get());
+  ASSERT_NE(accelerator.get_tracker("tensorboard"), nullptr);
+  EXPECT_EQ(accelerator.get_tracker("tensorboard")->name(), "tensorboard");
+  EXPECT_NE(error_of([&] { accelerator.get_tracker("wandb"); })
+                .find("wandb is not an available tracker stored inside the Accelerator (open: "
+                      "jsonl, tensorboard, mine)"),
+            std::string::npos);
+  accelerator.end_training();
+  std::ifstream in(dir / "run" / "log.jsonl");
+  std::string config_line, text_line;
+  ASSERT_TRUE(std::getline(in, config_line) && std::getline(in, text_line));
+  EXPECT_NE(config_line.find(R"("config":{"batch_size":32,"learning_rate":0.001})"),
+            std::string::npos)
+      << config_line;
+  EXPECT_NE(text_line.find(R"("note":"hello")"), std::string::npos) << text_line;
+  // Without a config, nothing is stored (Accelerate's config=None).
+  Accelerator again({.custom_trackers = {recording}, .project_dir = dir.string()});
+  again.init_trackers("run2");
+  EXPECT_EQ(recording->configs.size(), 1u);
   std::filesystem::remove_all(dir);
 }
 

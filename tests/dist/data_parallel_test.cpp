@@ -95,6 +95,20 @@ TEST_F(DataParallel, ProcessInfoGatherAndReduce) {
   auto sum = accelerator.reduce(torch::tensor({static_cast<double>(rank)}), "sum");
   EXPECT_EQ(sum.item<double>(), world * (world - 1) / 2.0);
   EXPECT_EQ(accelerator.reduce(torch::ones({1}), "mean").item<double>(), 1.0);
+  EXPECT_EQ(accelerator.reduce(torch::tensor({3.0 - rank}), "max").item<double>(), 3.0);
+  EXPECT_EQ(accelerator.reduce(torch::tensor({1.0}), "none").item<double>(), world);
+  EXPECT_EQ(accelerator.is_last_process(), rank == world - 1);
+  std::vector<int64_t> ran;
+  accelerator.on_main_process([&] { ran.push_back(0); });
+  accelerator.on_last_process([&] { ran.push_back(world - 1); });
+  accelerator.on_process(1, [&] { ran.push_back(1); });
+  accelerator.on_local_process(1, [&] { ran.push_back(-1); });
+  std::vector<int64_t> expected;
+  if (rank == 0) expected.push_back(0);
+  if (rank == world - 1) expected.push_back(world - 1);
+  if (rank == 1) expected.push_back(1);
+  if (accelerator.local_process_index() == 1) expected.push_back(-1);
+  EXPECT_EQ(ran, expected);
   accelerator.wait_for_everyone();
 }
 
@@ -459,7 +473,8 @@ TEST_F(DataParallel, BroadcastBuffersSetsThemToRankZerosBeforeASyncedForward) {
 
 // The Trainer's ddp_* arguments: find_unused_parameters is on by default (HF's, without
 // activation checkpointing), so a model with a parameter its forward never uses trains; off,
-// the second step fails. ddp_comm_hook "bf16" rounds the all-reduced gradients.
+// the second step fails, unless ddp_static_graph says to find them as DDP's static graph does.
+// ddp_comm_hook "bf16" rounds the all-reduced gradients.
 TEST_F(DataParallel, TrainerTakesHfsDdpArguments) {
   struct WithUnusedHead : torch::nn::Module {
     WithUnusedHead() {
@@ -475,10 +490,12 @@ TEST_F(DataParallel, TrainerTakesHfsDdpArguments) {
   };
   torch::manual_seed(0);
   auto data = pixels_dataset(32);
-  auto train = [&](std::optional<bool> find_unused, const std::string& hook) {
+  auto train = [&](std::optional<bool> find_unused, const std::string& hook,
+                   std::optional<bool> static_graph = std::nullopt) {
     auto model = std::make_shared<WithUnusedHead>();
     auto args = three_steps_args("mixprec_dp_ddp_args_");
     args.ddp_find_unused_parameters = find_unused;
+    args.ddp_static_graph = static_graph;
     args.ddp_comm_hook = hook;
     args.ddp_bucket_cap_mb = 1;
     mixprec::Trainer trainer(model, args, data);
@@ -493,6 +510,7 @@ TEST_F(DataParallel, TrainerTakesHfsDdpArguments) {
   EXPECT_TRUE(torch::allclose(fp32, bf16, 1e-2, 1e-3));
   const auto error = error_of([&] { train(false, "no"); });
   EXPECT_NE(error.find("ddp_find_unused_parameters"), std::string::npos) << error;
+  EXPECT_TRUE(torch::equal(train(false, "no", true), fp32));
 }
 
 // HF's accelerator_config.gradient_accumulation_kwargs.sync_each_batch: the micro-steps before
@@ -1049,6 +1067,34 @@ TEST_F(DataParallel, TrainerWeighsEveryTokenOfTheGlobalBatch) {
               1e-4 * std::sqrt(smoothed_norm_sq));
   accelerator.wait_for_everyone();
   if (accelerator.is_main_process()) std::filesystem::remove_all(args.output_dir);
+}
+
+// save_on_each_node, on two "nodes" of one process each (tests/CMakeLists.txt launches them),
+// with a folder per node as nodes without a shared file system: each node's main process
+// writes the checkpoint with it, only process 0 without.
+using DataParallelTwoNodes = DataParallel;
+TEST_F(DataParallelTwoNodes, SaveOnEachNodeWritesOnEveryNodesMainProcess) {
+  ASSERT_EQ(accelerator.local_process_index(), 0) << "run as two nodes of one process each";
+  const char* node = std::getenv("GROUP_RANK");
+  ASSERT_NE(node, nullptr) << "run under torchrun --nnodes 2";
+  auto data = pixels_dataset(32);
+  for (const bool each_node : {false, true}) {
+    auto args = three_steps_args(each_node ? "mixprec_dp_each_node_" : "mixprec_dp_main_only_");
+    args.output_dir += std::string("_node") + node;
+    args.save_strategy = "steps";
+    args.save_steps = 3;
+    args.save_on_each_node = each_node;
+    mixprec::Trainer trainer(small_classifier(), args, data);
+    trainer.train();
+    trainer.accelerator().wait_for_everyone();
+    const auto checkpoint = std::filesystem::path(args.output_dir) / "checkpoint-3";
+    EXPECT_EQ(std::filesystem::exists(checkpoint / "trainer_state.json"),
+              each_node || std::string(node) == "0")
+        << checkpoint;
+    EXPECT_EQ(std::filesystem::exists(checkpoint / "model.safetensors"),
+              each_node || std::string(node) == "0");
+    std::filesystem::remove_all(args.output_dir);
+  }
 }
 
 // ddp_timeout: a collective that a process never joins fails after it, not after 30 minutes.

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <limits>
 #include <nlohmann/json.hpp>
+#include <sstream>
 
 namespace {
 
@@ -67,6 +68,78 @@ TEST(TensorBoardTracker, TensorBoardReadsTheScalarsBack) {
     EXPECT_FLOAT_EQ(scalars["train/loss"][step - 1][1].get<float>(), 1.0f / step);
     EXPECT_EQ(scalars["train/loss_scale"][step - 1][1].get<double>(), 65536.0 * step);
   }
+  fs::remove_all(dir);
+}
+
+TEST(JsonlTracker, TextAndTheConfiguration) {
+  const auto dir = fresh_dir("jsonl_text");
+  {
+    mixprec::log::JsonlTracker tracker(dir / "log.jsonl");
+    tracker.store_init_configuration({{"lr", 0.1},
+                                      {"batch_size", int64_t{32}},
+                                      {"optim", "sgd"},
+                                      {"fused", true},
+                                      {"clip", std::numeric_limits<double>::infinity()}});
+    tracker.log_text({{"note", "warm-up done"}}, 4);
+  }
+  std::ifstream in(dir / "log.jsonl");
+  std::string line;
+  std::vector<json> lines;
+  while (std::getline(in, line)) lines.push_back(json::parse(line));
+  ASSERT_EQ(lines.size(), 2u);
+  EXPECT_EQ(
+      lines[0]["config"],
+      json({{"lr", 0.1}, {"batch_size", 32}, {"optim", "sgd"}, {"fused", true}, {"clip", "inf"}}));
+  EXPECT_TRUE(lines[0]["wall_time"].is_number());
+  EXPECT_EQ(lines[1]["step"], 4);
+  EXPECT_EQ(lines[1]["note"], "warm-up done");
+  fs::remove_all(dir);
+}
+
+// Text as TensorBoard's text plugin reads it (torch's add_text), at its steps.
+TEST(TensorBoardTracker, TensorBoardReadsTheText) {
+  const auto dir = fresh_dir("tensorboard_text");
+  {
+    mixprec::log::TensorBoardTracker tracker(dir);
+    tracker.log_text({{"args", "{\"lr\": 0.1}"}}, 0);
+    tracker.log_text({{"note", "done"}}, 5);
+  }
+  const json texts = json::parse(
+      mixprec::testing::run_reference_script("read_tensorboard.py " + dir.string() + " --texts"));
+  EXPECT_EQ(texts, json({{"args/text_summary", {{0, "{\"lr\": 0.1}"}}},
+                         {"note/text_summary", {{5, "done"}}}}));
+  fs::remove_all(dir);
+}
+
+// The configuration as Accelerate's TensorBoardTracker stores it: what TensorBoard's hparams
+// plugin reads from torch's add_hparams (bools are numbers there, as torch's hparams() takes
+// Python's bools for numbers), and hparams.yml as PyYAML writes it, to the byte.
+TEST(TensorBoardTracker, StoresTheConfigurationAsAccelerate) {
+  const auto dir = fresh_dir("tensorboard_hparams");
+  {
+    mixprec::log::TensorBoardTracker tracker(dir);
+    tracker.store_init_configuration({{"lr", 1e-5},
+                                      {"epochs", 3.0},
+                                      {"batch_size", int64_t{32}},
+                                      {"optim", "sgd"},
+                                      {"seed_text", "1"},
+                                      {"fused", true},
+                                      {"switch", "on"},
+                                      {"note", "a: b"}});
+  }
+  std::vector<fs::path> runs;  // add_hparams' folder, named by the time
+  for (const auto& entry : fs::directory_iterator(dir))
+    if (entry.is_directory()) runs.push_back(entry.path());
+  ASSERT_EQ(runs.size(), 1u);
+  const json ours = json::parse(mixprec::testing::run_reference_script(
+      "read_tensorboard.py " + runs[0].string() + " --hparams"));
+  const json accelerate = json::parse(mixprec::testing::run_reference_script(
+      "read_tensorboard.py --torch-hparams '{\"lr\": 1e-5, \"epochs\": 3.0, \"batch_size\": 32, "
+      "\"optim\": \"sgd\", \"seed_text\": \"1\", \"fused\": true, \"switch\": \"on\", "
+      "\"note\": \"a: b\"}'"));
+  EXPECT_EQ(ours, accelerate);
+  EXPECT_EQ(ours["hparams"]["fused"], 1.0);  // what both give, not what was compared only
+  EXPECT_EQ(ours["status"], "STATUS_SUCCESS");
   fs::remove_all(dir);
 }
 

@@ -83,6 +83,14 @@ CASES = [
      "resume_args": {"ignore_data_skip": True}},
     # The samples in their order, every epoch (SequentialSampler).
     {"name": "sequential", "bf16": False, "args": {"train_sampling_strategy": "sequential"}},
+    # SGD with optim_args: Nesterov momentum; optim_args' weight_decay is overridden by each
+    # parameter group's (args' for the decayed ones, 0 for the others).
+    {"name": "sgd_optim_args", "bf16": False,
+     "args": {"optim": "sgd", "learning_rate": 0.05,
+              "optim_args": "momentum=0.9, nesterov=True, weight_decay=0.5"}},
+    # And dampened momentum (Nesterov's needs none).
+    {"name": "sgd_dampening", "bf16": False,
+     "args": {"optim": "sgd", "learning_rate": 0.05, "optim_args": "momentum=0.9,dampening=0.5"}},
     # save_only_model: the checkpoints hold the model and the Trainer's state only.
     {"name": "save_only_model", "bf16": False,
      "args": {"save_strategy": "steps", "save_steps": 18, "save_only_model": True}},

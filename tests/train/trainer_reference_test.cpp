@@ -317,6 +317,21 @@ TEST(TrainerReference, SequentialSamplingMatchesTransformersTrainer) {
                   [](mixprec::TrainingArguments& a) { a.train_sampling_strategy = "sequential"; });
 }
 
+// optim "sgd" with optim_args: HF's momentum, nesterov and dampening reach torch's SGD, and its
+// weight_decay is overridden by each parameter group's, as under HF.
+TEST(TrainerReference, SgdOptimArgsMatchTransformersTrainer) {
+  compare_with_hf("sgd_optim_args", {1e-4, 0.0}, [](mixprec::TrainingArguments& a) {
+    a.optim = "sgd";
+    a.learning_rate = 0.05;
+    a.optim_args = "momentum=0.9, nesterov=True, weight_decay=0.5";
+  });
+  compare_with_hf("sgd_dampening", {1e-4, 0.0}, [](mixprec::TrainingArguments& a) {
+    a.optim = "sgd";
+    a.learning_rate = 0.05;
+    a.optim_args = "momentum=0.9,dampening=0.5";
+  });
+}
+
 // save_only_model: checkpoints of the model and the Trainer's state, nothing to resume the
 // optimizer, schedule or generators from, as HF's.
 TEST(TrainerReference, SaveOnlyModelCheckpointsHoldWhatTransformersTrainersDo) {

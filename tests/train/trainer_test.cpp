@@ -329,6 +329,10 @@ TEST_F(TrainerTest, LogsToTensorBoardWithLossScaleAndSkippedSteps) {
     }
   }
   EXPECT_GE(compared, 4 * 6 + 2 * 3);
+  // As HF's TensorBoardCallback: the arguments as text, at step 0.
+  const auto texts = json::parse(mixprec::testing::run_reference_script(
+      "read_tensorboard.py " + (fs::path(a.output_dir) / "runs").string() + " --texts"));
+  EXPECT_EQ(texts, json({{"args/text_summary", {{0, trainer.args().to_json()}}}}));
 
   // evaluate() after training is logged too, as HF makes its writer again (counted in the JSONL
   // log: TensorBoard's reader keeps one point per step).
@@ -999,6 +1003,38 @@ TEST_F(TrainerTest, EpochSaveAtAStopMidEpochKeepsItsPosition) {
                                        "processes together; this run's is 8") != std::string::npos;
                           }),
             1);
+}
+
+// optim_args the optimizer does not read are a warning (HF ignores them silently); a value that
+// is not a number, as Python's float() reads one, is an error.
+TEST_F(TrainerTest, OptimArgsNotReadWarnAndBadNumbersFail) {
+  auto a = args("optim_args");
+  a.max_steps = 1;
+  a.save_strategy = "no";
+  a.eval_strategy = "no";
+  a.optim = "adamw_torch";
+  a.optim_args = "momentum=0.9,betas=1";
+  {
+    mixprec::testing::CapturedWarnings warnings;
+    Trainer(Classifier(), a, train_).train();
+    EXPECT_EQ(std::count(warnings.messages.begin(), warnings.messages.end(),
+                         "Trainer: optim adamw_torch does not read optim_args' betas, momentum; "
+                         "only sgd reads some (momentum, dampening, weight_decay, nesterov)"),
+              1);
+  }
+  a.optim = "sgd";
+  a.overwrite_output_dir = true;
+  for (const char* bad : {"abc", "0x1", "1.5x", ""}) {
+    a.optim_args = std::string("momentum=") + bad;
+    EXPECT_EQ(mixprec::testing::error_of([&] { Trainer(Classifier(), a, train_).train(); }),
+              std::string("Trainer: optim_args' momentum must be a number, got '") + bad + "'");
+  }
+  a.optim_args = "momentum=+0.5,nesterov=yes,foo=1";
+  mixprec::testing::CapturedWarnings warnings;
+  Trainer(Classifier(), a, train_).train();
+  ASSERT_EQ(warnings.messages.size(), 1u);
+  EXPECT_NE(warnings.messages[0].find("optim sgd does not read optim_args' foo"),
+            std::string::npos);
 }
 
 // The metrics as HF returns them: with the epoch, and keys that already carry the prefix kept.

@@ -4,6 +4,7 @@
 
 #include <c10/util/Exception.h>
 #include <gtest/gtest.h>
+#include <torch/cuda.h>
 
 #include <unistd.h>
 #include <cstdio>
@@ -374,6 +375,86 @@ TEST(TrainingArguments, AcceleratorConfig) {
               TrainingArguments::from_json(R"({"accelerator_config": "no_such_file.json"})");
             }).find("no_such_file.json: cannot open"),
             std::string::npos);
+}
+
+// HF's fields that mixprec checks (with HF's and torch's errors where they have one), takes at
+// one value only, or takes without effect (each says why in training_args.h).
+TEST(TrainingArguments, OptimArgsAndFieldsTakenAsHfs) {
+  EXPECT_EQ(mixprec::train::parse_optim_args(" momentum = 0.9, nesterov=True"),
+            (std::map<std::string, std::string>{{"momentum", "0.9"}, {"nesterov", "True"}}));
+  EXPECT_TRUE(mixprec::train::parse_optim_args(std::nullopt).empty());
+  EXPECT_TRUE(mixprec::train::parse_optim_args("").empty());
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"optim_args": "momentum=0.9,"})"); }),
+            "TrainingArguments: optim_args must be key=value pairs separated by commas, got '' in "
+            "'momentum=0.9,'");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"optim_args": "a=1=2"})"); }),
+            "TrainingArguments: optim_args must be key=value pairs separated by commas, got "
+            "'a=1=2' in 'a=1=2'");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"torch_empty_cache_steps": 0})"); }),
+            "`torch_empty_cache_steps` must be an integer bigger than 0, got 0.");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"eval_accumulation_steps": -1})"); }),
+            "TrainingArguments: eval_accumulation_steps must be > 0, got -1");
+  EXPECT_NE(error_of([] {
+              TrainingArguments::from_json(R"({"eval_do_concat_batches": false})");
+            }).find("eval_do_concat_batches = false is not supported by mixprec"),
+            std::string::npos);
+  EXPECT_NE(error_of([] {
+              TrainingArguments::from_json(R"({"eval_use_gather_object": true})");
+            }).find("eval_use_gather_object = true is not supported by mixprec"),
+            std::string::npos);
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"tf32": true})"); }),
+              "--tf32 requires Ampere or a newer GPU arch, cuda>=11 and torch>=1.7");
+  }
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::from_json(R"({"dataloader_multiprocessing_context": "spawn"})");
+            }),
+            "TrainingArguments: dataloader_multiprocessing_context: multiprocessing_context can "
+            "only be used with multi-process loading (num_workers > 0), but got num_workers=0");
+  EXPECT_EQ(
+      error_of([] {
+        TrainingArguments::from_json(
+            R"({"dataloader_num_workers": 2, "dataloader_multiprocessing_context": "thread"})");
+      }),
+      "TrainingArguments: dataloader_multiprocessing_context: multiprocessing_context option "
+      "should specify a valid start method in ['fork', 'spawn', 'forkserver'], but got "
+      "multiprocessing_context='thread'");
+  // Every one of them at a value it takes, on the command line too, and back from to_json.
+  const auto args =
+      TrainingArguments::parse_args(std::vector<std::string>{"--optim",
+                                                             "sgd",
+                                                             "--optim_args",
+                                                             "momentum=0.5",
+                                                             "--torch_empty_cache_steps",
+                                                             "3",
+                                                             "--eval_accumulation_steps",
+                                                             "2",
+                                                             "--eval_do_concat_batches",
+                                                             "true",
+                                                             "--eval_use_gather_object",
+                                                             "false",
+                                                             "--tf32",
+                                                             "false",
+                                                             "--save_on_each_node",
+                                                             "--ddp_static_graph",
+                                                             "--remove_unused_columns",
+                                                             "false",
+                                                             "--dataloader_in_order",
+                                                             "false",
+                                                             "--dataloader_num_workers",
+                                                             "1",
+                                                             "--dataloader_multiprocessing_context",
+                                                             "forkserver"});
+  EXPECT_EQ(args.optim_args, "momentum=0.5");
+  EXPECT_EQ(args.torch_empty_cache_steps, 3);
+  EXPECT_EQ(args.eval_accumulation_steps, 2);
+  EXPECT_EQ(args.tf32, false);
+  EXPECT_TRUE(args.save_on_each_node);
+  EXPECT_EQ(args.ddp_static_graph, true);
+  EXPECT_FALSE(args.remove_unused_columns);
+  EXPECT_FALSE(args.dataloader_in_order);
+  EXPECT_EQ(args.dataloader_multiprocessing_context, "forkserver");
+  EXPECT_EQ(TrainingArguments::from_json(args.to_json()).to_json(), args.to_json());
 }
 
 TEST(TrainingArguments, ClearErrors) {

@@ -46,6 +46,9 @@ struct ProjectConfiguration {
   std::optional<int64_t> total_limit = std::nullopt;
   /// The number of the next automatically named checkpoint; every save_state() adds 1.
   int64_t iteration = 0;
+  /// save_state() and save_model() write on each node's local main process, not only on the
+  /// main process (for nodes that do not share a file system).
+  bool save_on_each_node = false;
 };
 
 /// Accelerate's AutocastKwargs: how mixed precision's autocast runs.
@@ -473,6 +476,14 @@ class Accelerator {
   void clip_grad_value_(const std::vector<at::Tensor>& parameters, double clip_value);
   /// Unscales now (fp16), e.g. to inspect gradients; a no-op otherwise.
   void unscale_gradients();
+  /// The same for one prepared optimizer's gradients only (Accelerate's
+  /// unscale_gradients(optimizer)). As unscale_gradients(), once per step: a second call does
+  /// nothing, where torch's GradScaler, which Accelerate calls, would refuse it. With fp16, an
+  /// optimizer this accelerator did not prepare is an error.
+  void unscale_gradients(torch::optim::Optimizer& optimizer);
+  void unscale_gradients(const AcceleratedOptimizer& optimizer) {
+    unscale_gradients(optimizer.optimizer());
+  }
 
   /// Autocast as the accelerator is configured, or as `handler` says (Accelerate's
   /// autocast(autocast_handler): `{.enabled = false}` turns it off inside a region). Nothing
@@ -498,6 +509,29 @@ class Accelerator {
   int64_t local_process_index() const { return shared_->group ? shared_->group->local_rank() : 0; }
   bool is_main_process() const { return process_index() == 0; }
   bool is_local_main_process() const { return local_process_index() == 0; }
+  bool is_last_process() const { return process_index() == num_processes() - 1; }
+  /// Accelerate's on_main_process, on_local_main_process, on_last_process, on_process and
+  /// on_local_process decorators: `function()` runs on that process only.
+  template <typename F>
+  void on_main_process(F&& function) const {
+    if (is_main_process()) std::forward<F>(function)();
+  }
+  template <typename F>
+  void on_local_main_process(F&& function) const {
+    if (is_local_main_process()) std::forward<F>(function)();
+  }
+  template <typename F>
+  void on_last_process(F&& function) const {
+    if (is_last_process()) std::forward<F>(function)();
+  }
+  template <typename F>
+  void on_process(int64_t process_index, F&& function) const {
+    if (this->process_index() == process_index) std::forward<F>(function)();
+  }
+  template <typename F>
+  void on_local_process(int64_t local_process_index, F&& function) const {
+    if (this->local_process_index() == local_process_index) std::forward<F>(function)();
+  }
   /// Prints once per machine (the local main process), as Accelerate does; the
   /// arguments are streamed one after the other, with no separator added.
   template <typename... Args>
@@ -545,7 +579,8 @@ class Accelerator {
   /// gather(), less the samples that padded the last batch of the prepared
   /// data loader to an even split.
   at::Tensor gather_for_metrics(const at::Tensor& tensor) const;
-  /// Sums ("sum") or averages ("mean") `tensor` over the processes.
+  /// Sums ("sum"), averages ("mean") or takes the maximum ("max") of `tensor` over the
+  /// processes. "none" sums too, as Accelerate's (its all-reduce is a sum unless "max").
   at::Tensor reduce(const at::Tensor& tensor, const std::string& reduction = "sum") const;
   /// Accelerate's pad_across_processes: `tensor` padded along `dim` to the longest of the
   /// processes' tensors (every process must call it), with `pad_index` after the data, or
@@ -624,16 +659,26 @@ class Accelerator {
   void register_for_checkpointing(Checkpointable& object);
 
   /// Opens the trackers of `log_with` in project_dir/project_name, and takes the
-  /// custom_trackers (main process only).
-  void init_trackers(const std::string& project_name);
+  /// custom_trackers (main process only). Each stores `config`, the run's hyperparameters, when
+  /// given (TensorBoard's hparams and an hparams.yml, a JSONL line).
+  void init_trackers(const std::string& project_name,
+                     const std::optional<log::Config>& config = std::nullopt);
   /// Logs scalars to every tracker, at `step` (main process only).
   void log(const std::map<std::string, double>& values, int64_t step);
+  /// Logs text to every tracker, at `step` (Accelerate's log with str values; main process
+  /// only).
+  void log_text(const std::map<std::string, std::string>& values, int64_t step);
+  /// The open tracker of that name ("tensorboard", "jsonl", or a custom tracker's name()), as
+  /// Accelerate's get_tracker: a name not among the open trackers is an error. With none open
+  /// (before init_trackers, or not the main process), null where Accelerate gives a blank
+  /// tracker that does nothing.
+  log::Tracker* get_tracker(const std::string& name) const;
   /// Flushes and closes the trackers.
   void end_training();
   /// Accelerate's free_memory(): forgets every prepared model, optimizer, scheduler and
   /// data loader (save_state() saves none of them after it), and restarts the accumulation
   /// count. What was prepared before must not be used with it again. Objects registered for
-  /// checkpointing stay registered, as in Accelerate.
+  /// checkpointing stay registered, as in Accelerate. Then clears the device cache.
   void free_memory();
 
   template <ModuleHandle M>
@@ -652,8 +697,9 @@ class Accelerator {
   };
   Share share(size_t size, bool apply_padding) const;
   std::filesystem::path checkpoints_dir() const;
-  // Runs `write` on the main process; then every process learns whether it failed, and throws
-  // if it did (a barrier would leave the others waiting out the process group's timeout).
+  // Runs `write` on the main process (each node's with project_config.save_on_each_node); then
+  // every process learns whether one failed, and throws if so (a barrier would leave the others
+  // waiting out the process group's timeout).
   void main_process_writes(const char* what, const std::function<void()>& write) const;
   // What save_state() writes besides the models and its extra files: what a resume needs.
   void write_training_state(io::CheckpointWriter& writer,
@@ -677,6 +723,10 @@ void load_checkpoint_in_model(M model, const std::string& checkpoint) {  // a ha
 /// Seeds every generator a run uses (LibTorch's CPU and CUDA generators and
 /// std::rand), as accelerate.utils.set_seed does.
 void set_seed(uint64_t seed);
+
+/// accelerate.utils.clear_device_cache: returns the accelerator's cached free memory to it
+/// (torch.cuda.empty_cache()). Nothing on a CPU, nor with LibTorch before 2.9.
+void clear_device_cache();
 
 }  // namespace mixprec::accelerate
 

@@ -42,8 +42,8 @@ class ProcessGroup {
   int64_t world_size() const { return env_.world_size; }
   int64_t local_rank() const { return env_.local_rank; }
 
-  /// Sums `tensor` over the ranks, in place.
-  void all_reduce_(at::Tensor& tensor);
+  /// Sums `tensor` over the ranks (or takes their maximum), in place.
+  void all_reduce_(at::Tensor& tensor, bool max = false);
   /// Every rank's `tensor` (all of one shape), concatenated along dim 0 in rank order.
   at::Tensor all_gather(const at::Tensor& tensor);
   void broadcast_(at::Tensor& tensor, int64_t root = 0);

@@ -80,6 +80,9 @@ struct TrainingArguments {
   bool bf16 = false;
   bool fp16_full_eval = false;
   bool bf16_full_eval = false;
+  /// TensorFloat-32 matmuls and convolutions on CUDA (unset: torch's setting). true without
+  /// CUDA is HF's error (HF also refuses a GPU older than Ampere, where torch ignores it).
+  std::optional<bool> tf32 = std::nullopt;
   int64_t per_device_train_batch_size = 8;
   int64_t per_device_eval_batch_size = 8;
   /// evaluate() and predict() keep only the loss: no logits, labels nor compute_metrics.
@@ -91,10 +94,22 @@ struct TrainingArguments {
   /// last, whose metrics are the evaluation's) instead of once on them all, so that no logits are
   /// kept for the whole evaluation set.
   bool batch_eval_metrics = false;
+  /// HF moves the evaluation's outputs from the accelerator to the CPU every this many batches
+  /// (unset: at the end). mixprec moves each batch's at once (HF's 1): checked (> 0), no effect.
+  std::optional<int64_t> eval_accumulation_steps = std::nullopt;
+  /// Only true: EvalPrediction holds tensors, concatenated over the batches (HF's false gives
+  /// Python lists of them).
+  bool eval_do_concat_batches = true;
+  /// Only false: the outputs are tensors, gathered as such (HF's true gathers Python objects).
+  bool eval_use_gather_object = false;
   /// On running out of memory, train() starts again with 0.9 x the batch per device, down to 1
   /// (Accelerate's find_executable_batch_size); a resumed run starts from its checkpoint's.
   bool auto_find_batch_size = false;
   int64_t gradient_accumulation_steps = 1;
+  /// Empty the accelerator's memory cache (accelerate::clear_device_cache) in each training
+  /// micro-step whose global_step is a multiple of this, after the forward, as HF's. A CPU has
+  /// no such cache.
+  std::optional<int64_t> torch_empty_cache_steps = std::nullopt;
   AcceleratorConfig accelerator_config = {};
   /// Recompute each layer's activations in the backward instead of keeping them (the model's
   /// `activation_checkpointing_enable()`; models::SupportsActivationCheckpointing). Also read
@@ -132,6 +147,9 @@ struct TrainingArguments {
   /// schedule, scaler, RNG nor data position. A run resumed from one starts its optimizer and
   /// loss scale afresh (with a warning); its schedule and data go on from the checkpoint's step.
   bool save_only_model = false;
+  /// Each node's local main process writes checkpoints and models, not only process 0, for nodes
+  /// that do not share a file system (accelerate::ProjectConfiguration's).
+  bool save_on_each_node = false;
   bool load_best_model_at_end = false;
   /// "loss" when load_best_model_at_end is set; "eval_" is prefixed if missing.
   std::optional<std::string> metric_for_best_model = std::nullopt;
@@ -171,6 +189,15 @@ struct TrainingArguments {
   /// HF's. Pins nothing: on a machine without an accelerator torch's DataLoader pins nothing
   /// either, and mixprec has no pinned path to CUDA yet.
   bool dataloader_pin_memory = true;
+  /// Batches in the order they were dispatched to the workers. false lets torch's loader yield
+  /// them as they are ready; mixprec's always yields them in order, which that allows.
+  bool dataloader_in_order = true;
+  /// "fork", "spawn" or "forkserver", with workers (torch's checks). No effect: mixprec's
+  /// workers are threads, not processes.
+  std::optional<std::string> dataloader_multiprocessing_context = std::nullopt;
+  /// HF drops a dataset's columns that the model's forward does not take. No effect: a
+  /// data::Batch holds what the dataset's collation puts in it, all of which reaches the model.
+  bool remove_unused_columns = true;
   /// For a model that takes HF's num_items_in_batch (a causal LM such as GPT-2): count the label
   /// tokens of an accumulation window on all processes, not on this one only.
   bool average_tokens_across_devices = true;
@@ -179,6 +206,10 @@ struct TrainingArguments {
   /// train_tokens_per_second in the training logs). true/false read as "all"/"no", as HF's.
   std::string include_num_input_tokens_seen = "no";
   std::string optim = "adamw_torch_fused";  // "adamw_torch" | "adamw_torch_fused" | "sgd"
+  /// "key=value,key=value" (spaces ignored), as HF's: sgd reads momentum, dampening, nesterov
+  /// (true/1/yes) and weight_decay (which, as under HF, the parameter groups' own weight decay
+  /// overrides). The AdamW optimizers read none, as HF's; a key that is not read is a warning.
+  std::optional<std::string> optim_args = std::nullopt;
   /// "tensorboard", "jsonl", "all" or "none"; validate() leaves the trackers to use.
   std::vector<std::string> report_to = {"none"};
   std::optional<std::string> resume_from_checkpoint = std::nullopt;
@@ -205,6 +236,12 @@ struct TrainingArguments {
   std::optional<bool> ddp_find_unused_parameters = std::nullopt;
   std::optional<int64_t> ddp_bucket_cap_mb = std::nullopt;   // unset: DDP's 25
   std::optional<bool> ddp_broadcast_buffers = std::nullopt;  // unset: DDP's true
+  /// DDP's static_graph. true turns find_unused_parameters on, even over
+  /// ddp_find_unused_parameters = false: a parameter no rank uses then trains, as under DDP's
+  /// static graph, which finds them in its first iteration (c10d's static-graph mode needs DDP's
+  /// Python _DDPSink). Its other gains (no search at each step, a parameter ready twice) are not
+  /// had here.
+  std::optional<bool> ddp_static_graph = std::nullopt;
   /// Only "gloo" (unset: gloo): mixprec's data parallel runs on c10d's Gloo.
   std::optional<std::string> ddp_backend = std::nullopt;
   /// Seconds a collective waits for the other processes before it fails (HF's and torch's 30
@@ -251,6 +288,10 @@ struct TrainingArguments {
   /// All fields as a JSON object (training_args.json).
   std::string to_json() const;
 };
+
+/// HF's _parse_optim_args: "a=1, b=2" as {a: "1", b: "2"} (none for unset or empty); an error
+/// for a pair without exactly one '='.
+std::map<std::string, std::string> parse_optim_args(const std::optional<std::string>& optim_args);
 
 }  // namespace mixprec::train
 
