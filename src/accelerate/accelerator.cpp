@@ -282,8 +282,16 @@ std::filesystem::path Accelerator::save_state(const std::optional<std::string>& 
   main_process_writes("Accelerator::save_state", [&] {
     if (!dir_name) io::remove_unfinished_checkpoints(checkpoints_dir(), kCheckpointPrefix);
     io::CheckpointWriter writer(dir);
-    for (size_t i = 0; i < shared_->models.size(); ++i)
-      writer.write_tensors(nth("model", i, ".safetensors"), io::module_state(*shared_->models[i]));
+    std::vector<io::TensorMap> weights;  // detached, as state_dict() gives them
+    for (const auto& model : shared_->models) {
+      weights.push_back(io::module_state(*model));
+      for (auto& [name, tensor] : weights.back()) tensor = tensor.detach();
+    }
+    // A copy: a hook may remove itself.
+    for (const auto& [id, hook] : std::map(shared_->save_state_hooks))
+      hook(shared_->models, weights, writer.dir());
+    for (size_t i = 0; i < weights.size(); ++i)
+      writer.write_tensors(nth("model", i, ".safetensors"), weights[i]);
     if (!models_only) write_training_state(writer, rng_states);
     for (const auto& [name, text] : extra_files) writer.write_text(name, text);
     writer.commit();
@@ -341,7 +349,8 @@ bool Accelerator::holds_models_only(const std::filesystem::path& dir) {
   return !std::filesystem::exists(dir / "accelerator.json");
 }
 
-void Accelerator::load_state(const std::optional<std::string>& dir_name, bool models_only) {
+void Accelerator::load_state(const std::optional<std::string>& dir_name, bool models_only,
+                             bool strict) {
   using nlohmann::json;
   std::filesystem::path dir;
   if (dir_name) {
@@ -371,9 +380,11 @@ void Accelerator::load_state(const std::optional<std::string>& dir_name, bool mo
   TORCH_CHECK(models_only || !holds_models_only(dir), "Accelerator::load_state: ", dir.string(),
               " holds the models only (saved with models_only, the Trainer's save_only_model); "
               "load_state(dir, /*models_only=*/true) loads them");
-  for (size_t i = 0; i < shared_->models.size(); ++i) {
+  auto models = shared_->models;
+  for (const auto& [id, hook] : std::map(shared_->load_state_hooks)) hook(models, dir);
+  for (size_t i = 0; i < models.size(); ++i) {
     const auto file = dir / nth("model", i, ".safetensors");
-    io::load_module_state(*shared_->models[i], io::load_safetensors(file), file.string());
+    io::load_module_state(*models[i], io::load_safetensors(file), file.string(), strict);
   }
   if (models_only) return;
   for (size_t i = 0; i < shared_->optimizers.size(); ++i) {
@@ -823,6 +834,22 @@ void Accelerator::init_trackers(const std::string& project_name,
     for (auto& tracker : shared_->trackers) tracker->store_init_configuration(*config);
 }
 
+RemovableHandle Accelerator::register_save_state_pre_hook(SaveStateHook hook) {
+  const int64_t id = shared_->next_hook_id++;
+  shared_->save_state_hooks.emplace(id, std::move(hook));
+  return RemovableHandle([shared = std::weak_ptr(shared_), id] {
+    if (auto alive = shared.lock()) alive->save_state_hooks.erase(id);
+  });
+}
+
+RemovableHandle Accelerator::register_load_state_pre_hook(LoadStateHook hook) {
+  const int64_t id = shared_->next_hook_id++;
+  shared_->load_state_hooks.emplace(id, std::move(hook));
+  return RemovableHandle([shared = std::weak_ptr(shared_), id] {
+    if (auto alive = shared.lock()) alive->load_state_hooks.erase(id);
+  });
+}
+
 void Accelerator::log(const std::map<std::string, double>& values, int64_t step) {
   for (auto& tracker : shared_->trackers) tracker->log(values, step);
 }
@@ -862,12 +889,27 @@ void clear_device_cache() {
 #endif
 }
 
-void load_checkpoint_in_model(torch::nn::Module& model, const std::string& checkpoint) {
+void load_checkpoint_in_model(torch::nn::Module& model, const std::string& checkpoint,
+                              bool strict) {
   const std::filesystem::path path(checkpoint);
   const auto tensors = std::filesystem::is_directory(path) ? io::load_sharded_safetensors(path)
                        : path.extension() == ".json"       ? io::load_safetensors_index(path)
                                                            : io::load_safetensors(path);
-  io::load_module_state(model, tensors, checkpoint);
+  const auto skipped = io::load_module_state(model, tensors, checkpoint, strict);
+  if (skipped.unexpected_keys.empty()) return;
+  // Accelerate's warning, with the keys as a Python set and the class as Python names it
+  // (LibTorch's "torch::nn::LinearImpl" is "Linear").
+  std::string name = model.name();
+  if (const size_t colons = name.rfind("::"); colons != std::string::npos)
+    name = name.substr(colons + 2);
+  if (name.ends_with("Impl")) name.resize(name.size() - 4);
+  std::vector<std::string> keys;
+  for (const auto& key : skipped.unexpected_keys) keys.push_back("'" + key + "'");
+  MIXPREC_WARN("Some weights of the model checkpoint at ", checkpoint,
+               " were not used when initializing ", name, ": {", c10::Join(", ", keys),
+               "}. This may or may not be an issue - make sure that the checkpoint does not "
+               "have unnecessary parameters, or that the model definition correctly "
+               "corresponds to the checkpoint.");
 }
 
 void set_seed(uint64_t seed) {

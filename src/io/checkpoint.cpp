@@ -267,8 +267,9 @@ std::vector<std::pair<std::string, at::Tensor>> untied_module_state(
   return state;
 }
 
-void load_module_state(torch::nn::Module& module, const TensorMap& state,
-                       const std::string& source) {
+IncompatibleKeys load_module_state(torch::nn::Module& module, const TensorMap& state,
+                                   const std::string& source, bool strict) {
+  IncompatibleKeys skipped;
   std::set<std::string> expected;
   at::NoGradGuard no_grad;
   // A tied weight (one tensor under two names) may be saved under one of them only, as
@@ -284,6 +285,10 @@ void load_module_state(torch::nn::Module& module, const TensorMap& state,
     auto it = state.find(name);
     const auto key = tied_key(target);
     if (it == state.end() && key && saved.count(*key)) return;  // saved under another name
+    if (it == state.end() && !strict) {
+      skipped.missing_keys.push_back(name);
+      return;
+    }
     TORCH_CHECK(it != state.end(), source, ": missing '", name, "' (shape ", target.sizes(), ")");
     TORCH_CHECK(it->second.sizes() == target.sizes(), source, ": '", name, "' has shape ",
                 it->second.sizes(), ", the model expects ", target.sizes());
@@ -300,9 +305,12 @@ void load_module_state(torch::nn::Module& module, const TensorMap& state,
   };
   for (auto& item : module.named_parameters()) load(item.key(), item.value());
   for (auto& item : module.named_buffers()) load(item.key(), item.value());
-  for (const auto& [name, tensor] : state)
-    TORCH_CHECK(expected.count(name), source, ": unexpected '", name, "' (shape ", tensor.sizes(),
-                "): the model has no such parameter or buffer");
+  for (const auto& [name, tensor] : state) {
+    if (!strict && !expected.count(name)) skipped.unexpected_keys.push_back(name);
+    TORCH_CHECK(!strict || expected.count(name), source, ": unexpected '", name, "' (shape ",
+                tensor.sizes(), "): the model has no such parameter or buffer");
+  }
+  return skipped;
 }
 
 OptimizerState optimizer_state(const torch::optim::Optimizer& optimizer) {

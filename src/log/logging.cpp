@@ -1,7 +1,10 @@
 #include "mixprec/log/logging.h"
 
+#include <algorithm>
 #include <array>
 #include <atomic>
+#include <charconv>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <utility>
@@ -50,5 +53,35 @@ Level level_from_name(std::string_view name) {
 }
 
 void write_info(const std::string& message) { std::fprintf(stderr, "%s\n", message.c_str()); }
+
+std::string python_repr(double value) {
+  if (std::isnan(value)) return "nan";
+  if (std::isinf(value)) return value > 0 ? "inf" : "-inf";
+  char buffer[40];
+  const std::string shortest(  // "-d.ddde+XX"
+      buffer,
+      std::to_chars(buffer, buffer + sizeof(buffer), value, std::chars_format::scientific).ptr);
+  const size_t e = shortest.find('e');
+  const int exponent = std::stoi(shortest.substr(e + 1));
+  std::string digits = shortest.substr(0, e);
+  const bool negative = digits[0] == '-';
+  std::erase(digits, '-');
+  std::erase(digits, '.');
+  std::string out = negative ? "-" : "";
+  if (exponent >= -4 && exponent < 16) {
+    const auto whole = static_cast<size_t>(exponent + 1);
+    if (exponent < 0)
+      out += "0." + std::string(static_cast<size_t>(-exponent - 1), '0') + digits;
+    else if (digits.size() <= whole)
+      out += digits + std::string(whole - digits.size(), '0') + ".0";
+    else
+      out += digits.substr(0, whole) + "." + digits.substr(whole);
+  } else {
+    char tail[16];
+    std::snprintf(tail, sizeof(tail), "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
+    out += digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "") + tail;
+  }
+  return out;
+}
 
 }  // namespace mixprec::log

@@ -1,5 +1,7 @@
 #include "mixprec/log/tracker.h"
 
+#include "mixprec/log/logging.h"
+
 #include <c10/util/Exception.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -10,8 +12,6 @@
 #include <charconv>
 #include <chrono>
 #include <cmath>
-#include <cstdio>
-#include <cstdlib>
 #include <cstring>
 #include <set>
 #include <string_view>
@@ -124,35 +124,16 @@ nlohmann::json json_number(double value) {
   return std::isnan(value) ? "nan" : (value > 0 ? "inf" : "-inf");
 }
 
-// Python's repr of a float as PyYAML writes it: .nan / .inf, and ".0" added to a whole number
-// or before a bare exponent ("3.0", "1.0e-05"); fixed notation for exponents -4 to 15.
+// A float as PyYAML writes it: Python's repr, with .nan / .inf, and ".0" before a bare
+// exponent ("1.0e-05").
 std::string yaml_float(double v) {
   if (std::isnan(v)) return ".nan";
   if (std::isinf(v)) return v > 0 ? ".inf" : "-.inf";
-  char buffer[40];
-  const std::string shortest(  // "-d.ddde+XX", the fewest digits that read back
-      buffer, std::to_chars(buffer, buffer + sizeof(buffer), v, std::chars_format::scientific).ptr);
-  const size_t e = shortest.find('e');
-  const int exponent = std::stoi(shortest.substr(e + 1));
-  std::string digits = shortest.substr(0, e);
-  const bool negative = digits[0] == '-';
-  std::erase(digits, '-');
-  std::erase(digits, '.');
-  std::string out = negative ? "-" : "";
-  if (exponent >= -4 && exponent < 16) {
-    const auto whole = static_cast<size_t>(exponent + 1);
-    if (exponent < 0)
-      out += "0." + std::string(static_cast<size_t>(-exponent - 1), '0') + digits;
-    else if (digits.size() <= whole)
-      out += digits + std::string(whole - digits.size(), '0') + ".0";
-    else
-      out += digits.substr(0, whole) + "." + digits.substr(whole);
-  } else {
-    char tail[16];
-    std::snprintf(tail, sizeof(tail), "e%c%02d", exponent < 0 ? '-' : '+', std::abs(exponent));
-    out += digits.substr(0, 1) + "." + (digits.size() > 1 ? digits.substr(1) : "0") + tail;
-  }
-  return out;
+  std::string text = python_repr(v);
+  if (const size_t e = text.find('e');
+      e != std::string::npos && text.find('.') == std::string::npos)
+    text.insert(e, ".0");
+  return text;
 }
 
 // Whether PyYAML would quote `text` (single quotes, as here): YAML 1.1 would read it unquoted

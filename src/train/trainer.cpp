@@ -1127,7 +1127,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
   // checkpoint stays.
   if (args_.load_best_model_at_end && state_.best_model_checkpoint && !stopped_by) {
     log::info("Loading best model from ", *state_.best_model_checkpoint,
-              " (score: ", state_.best_metric.value_or(NAN), ").");
+              " (score: ", log::python_repr(state_.best_metric.value_or(NAN)), ").");
     const auto file = fs::path(*state_.best_model_checkpoint) / "model.safetensors";
     io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
   }

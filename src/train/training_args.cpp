@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cmath>
+#include <sstream>
 #include <tuple>
 
 namespace mixprec::train {
@@ -42,6 +43,9 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
   using detail::argument;
   return {
       argument("output_dir", a.output_dir),
+      argument("do_train", a.do_train),
+      argument("do_eval", a.do_eval),
+      argument("do_predict", a.do_predict),
       argument("overwrite_output_dir", a.overwrite_output_dir),
       argument("eval_strategy", a.eval_strategy, {"evaluation_strategy"}),
       argument("eval_steps", a.eval_steps),
@@ -113,6 +117,9 @@ std::vector<detail::Argument> detail::training_arguments(TrainingArguments& a) {
       argument("optim", a.optim),
       argument("optim_args", a.optim_args),
       argument("report_to", a.report_to),
+      argument("use_cache", a.use_cache),
+      argument("enable_jit_checkpoint", a.enable_jit_checkpoint),
+      argument("debug", a.debug),
       argument("resume_from_checkpoint", a.resume_from_checkpoint),
       argument("ignore_data_skip", a.ignore_data_skip),
       argument("restore_callback_states_from_checkpoint",
@@ -331,6 +338,27 @@ void TrainingArguments::validate() {
   TORCH_CHECK(max_steps > 0 || num_train_epochs > 0,
               "TrainingArguments: set num_train_epochs > 0 or max_steps > 0");
 
+  if (eval_strategy != "no") do_eval = true;  // HF's
+  {  // HF splits text on whitespace ("underflow_overflow tpu_metrics_debug")
+    std::vector<std::string> options;
+    for (const auto& text : debug) {
+      std::istringstream words(text);
+      for (std::string word; words >> word;) options.push_back(word);
+    }
+    debug = options;
+  }
+  for (const auto& option : debug) {
+    TORCH_CHECK(option != "underflow_overflow",
+                "TrainingArguments: debug \"underflow_overflow\" (HF's DebugUnderflowOverflow) is "
+                "not supported by mixprec; numerics_monitor_steps watches fp16 overflow and "
+                "underflow in the gradients and activations");
+    TORCH_CHECK(option != "tpu_metrics_debug",
+                "TrainingArguments: debug \"tpu_metrics_debug\" is not supported: mixprec has no "
+                "TPU support");
+    TORCH_CHECK(false, "TrainingArguments: debug '", option,
+                "' is not one of HF's options (\"underflow_overflow\", \"tpu_metrics_debug\"), "
+                "which mixprec does not support either");
+  }
   if (eval_strategy == "steps" && (!eval_steps || *eval_steps == 0)) {
     TORCH_CHECK(logging_steps > 0,
                 "evaluation strategy steps requires either non-zero "

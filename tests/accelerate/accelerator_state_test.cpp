@@ -1,6 +1,7 @@
 // save_state / load_state: a run stopped and resumed from a state ends with
 // the same parameters, bit for bit, as one never stopped.
 #include "mixprec/accelerate/accelerator.h"
+#include "mixprec/io/checkpoint.h"
 #include "mixprec/io/safetensors.h"
 #include "mixprec/optim/adamw.h"
 
@@ -175,6 +176,66 @@ TEST_F(AcceleratorStateErrors, ModelsOnlyStateLoadsOnlyModels) {
   loader.load_state(dir.string(), /*models_only=*/true);
   for (size_t i = 0; i < net->parameters().size(); ++i)
     EXPECT_TRUE(torch::equal(other->parameters()[i], net->parameters()[i]));
+}
+
+// Accelerate's save and load pre-hooks: a hook that saves a model its own way drops its weights
+// (the models left are numbered in their order) and writes its file into the checkpoint; a load
+// hook that loads it itself removes it. A removed hook runs no more.
+TEST_F(AcceleratorStateErrors, SaveAndLoadHooksAsAccelerates) {
+  torch::manual_seed(0);
+  torch::nn::Linear own(2, 2), plain(3, 1);
+  Accelerator accelerator;
+  auto [own_model, plain_model] = accelerator.prepare(own, plain);
+  int saves = 0, loads = 0;
+  auto save_hook = accelerator.register_save_state_pre_hook(
+      [&](const auto& models, auto& weights, const fs::path& output_dir) {
+        ++saves;
+        ASSERT_EQ(models.size(), 2u);
+        ASSERT_EQ(weights.size(), 2u);
+        EXPECT_EQ(models[0].get(), own.ptr().get());
+        EXPECT_NO_THROW(weights[1].at("weight").add_(0));  // detached, as state_dict()'s
+        weights.erase(weights.begin());
+        std::ofstream(output_dir / "own.txt") << "saved its own way";
+      });
+  auto load_hook =
+      accelerator.register_load_state_pre_hook([&](auto& models, const fs::path& input_dir) {
+        ++loads;
+        EXPECT_TRUE(fs::exists(input_dir / "own.txt"));
+        models.erase(models.begin());
+      });
+  const auto first = dir_ / "hooked";
+  accelerator.save_state(first.string());
+  EXPECT_NO_THROW(mixprec::io::verify_checkpoint(first));
+  EXPECT_NE(mixprec::io::read_file(first / "checksums.json").find("\"own.txt\""),
+            std::string::npos);  // checksummed too
+  EXPECT_FALSE(fs::exists(first / "model_1.safetensors"));
+  const auto saved = mixprec::io::load_safetensors(first / "model.safetensors");
+  EXPECT_TRUE(torch::equal(saved.at("weight"), plain->weight));  // the model left, as model 0
+
+  const auto own_before = own->weight.detach().clone(),
+             plain_before = plain->weight.detach().clone();
+  {
+    torch::NoGradGuard no_grad;
+    own->weight.add_(1);
+    plain->weight.add_(1);
+  }
+  accelerator.load_state(first.string());
+  EXPECT_TRUE(torch::equal(plain->weight, plain_before));
+  EXPECT_TRUE(torch::equal(own->weight, own_before + 1));  // the hook's to load, which it did not
+  EXPECT_EQ(saves, 1);
+  EXPECT_EQ(loads, 1);
+
+  save_hook.remove();
+  save_hook.remove();  // nothing more
+  load_hook.remove();
+  const auto second = dir_ / "plain";
+  accelerator.save_state(second.string());
+  EXPECT_TRUE(fs::exists(second / "model_1.safetensors"));
+  EXPECT_FALSE(fs::exists(second / "own.txt"));
+  accelerator.load_state(second.string());
+  EXPECT_TRUE(torch::equal(own->weight, own_before + 1));
+  EXPECT_EQ(saves, 1);
+  EXPECT_EQ(loads, 1);
 }
 
 }  // namespace

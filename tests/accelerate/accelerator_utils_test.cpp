@@ -2,6 +2,7 @@
 // naming, skip_first_batches, save_model (against HF Accelerate's files) and the collectives'
 // one-process behaviour. tests/dist/data_parallel_test.cpp runs them on two processes.
 #include "mixprec/accelerate/accelerator.h"
+#include "mixprec/io/checkpoint.h"
 #include "mixprec/io/safetensors.h"
 #include "mixprec/models/gpt2.h"
 #include "models/tiny_gpt2.h"
@@ -282,6 +283,59 @@ TEST_F(AcceleratorUtils, ShardedModelsLoadBackAndBrokenShardsAreErrors) {
   EXPECT_TRUE(
       has(error_of([&] { mixprec::accelerate::load_checkpoint_in_model(net, shards.string()); }),
           "places 'embed.weight' in model-00002-of-00002.safetensors, which does not hold it"));
+}
+
+// strict = false, Accelerate's load_checkpoint_in_model default: a tensor the model lacks is
+// skipped with Accelerate's warning, and one the file lacks keeps its value; and
+// load_state(dir, models_only, strict = false), torch's load_state_dict(strict=False).
+TEST_F(AcceleratorUtils, NonStrictLoadingSkipsWhatOneSideLacks) {
+  torch::manual_seed(0);
+  torch::nn::Linear saved(3, 2);
+  const auto file = dir_ / "linear.safetensors";
+  fs::create_directories(dir_);
+  mixprec::io::save_safetensors(
+      file, {{"weight", saved->weight}, {"extra", torch::ones({2})}});  // no bias
+  torch::nn::Linear loaded(3, 2);
+  EXPECT_TRUE(
+      has(error_of([&] { mixprec::accelerate::load_checkpoint_in_model(loaded, file.string()); }),
+          "missing 'bias'"));
+  auto reset = [](torch::nn::Module& module) {  // what a failed load may have copied already
+    torch::NoGradGuard no_grad;
+    for (auto& p : module.parameters()) p.fill_(-3);
+  };
+  reset(*loaded);
+  const auto bias = loaded->bias.detach().clone();
+  {
+    mixprec::testing::CapturedWarnings warnings;
+    mixprec::accelerate::load_checkpoint_in_model(loaded, file.string(), /*strict=*/false);
+    ASSERT_EQ(warnings.messages.size(), 1u);
+    EXPECT_TRUE(has(warnings.messages[0], "Some weights of the model checkpoint at " +
+                                              file.string() + " were not used when initializing "))
+        << warnings.messages[0];
+    EXPECT_TRUE(has(warnings.messages[0],
+                    "initializing Linear: {'extra'}. This may or may not be an issue"));
+  }
+  EXPECT_TRUE(torch::equal(loaded->weight, saved->weight));
+  EXPECT_TRUE(torch::equal(loaded->bias, bias));
+  const auto skipped = mixprec::io::load_module_state(*loaded, mixprec::io::load_safetensors(file),
+                                                      "linear", /*strict=*/false);
+  EXPECT_EQ(skipped.missing_keys, std::vector<std::string>{"bias"});
+  EXPECT_EQ(skipped.unexpected_keys, std::vector<std::string>{"extra"});
+
+  // A state saved with one model more in the layer than the one loading it.
+  torch::nn::Sequential two(torch::nn::Linear(3, 2), torch::nn::Linear(2, 2));
+  Accelerator saving;
+  auto prepared = saving.prepare(two);
+  saving.save_state((dir_ / "state").string());
+  torch::nn::Sequential one(torch::nn::Linear(3, 2));
+  Accelerator loading;
+  auto again = loading.prepare(one);
+  EXPECT_TRUE(
+      has(error_of([&] { loading.load_state((dir_ / "state").string()); }), "unexpected '1.bias'"));
+  reset(*one);
+  loading.load_state((dir_ / "state").string(), false, /*strict=*/false);
+  EXPECT_TRUE(torch::equal(one[0]->as<torch::nn::Linear>()->weight,
+                           two[0]->as<torch::nn::Linear>()->weight));
 }
 
 // A save into a folder that held another save's shards leaves only its own files.

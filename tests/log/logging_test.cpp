@@ -4,9 +4,33 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstdio>
+#include <string>
+#include <vector>
+
 namespace {
 
 using mixprec::log::Level;
+
+// Python's repr of each value, from Python itself (the values passed exactly, in hex).
+TEST(Logging, PythonReprIsPythons) {
+  const std::vector<double> values = {
+      0.1,   1e-5,   1e-4,    3.0,        1e16, 1.5e-5,    -0.0, 0.0,      1e15,     2.5e300,
+      -7.25, 5e-324, 1.0 / 3, 123456.789, 1e22, 0.3 - 0.1, NAN,  INFINITY, -INFINITY};
+  std::string hex;
+  std::vector<std::string> ours;
+  for (const double v : values) {
+    char buffer[64];
+    std::snprintf(buffer, sizeof(buffer), "%a ", v);
+    hex += buffer;
+    ours.push_back(mixprec::log::python_repr(v));
+  }
+  const std::string python = mixprec::testing::run_command(
+      c10::str(MIXPREC_PYTHON, " -c \"print(' '.join(repr(float.fromhex(h)) for h in '", hex,
+               "'.split()))\""));
+  EXPECT_EQ(c10::Join(" ", ours) + "\n", python);
+}
 
 TEST(Logging, LevelsByName) {
   EXPECT_EQ(mixprec::log::level_from_name("detail"), Level::kDebug);

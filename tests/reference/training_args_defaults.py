@@ -30,7 +30,8 @@ train_sampling_strategy length_column_name log_level log_level_replica log_on_ea
 ddp_find_unused_parameters ddp_bucket_cap_mb ddp_broadcast_buffers ddp_backend ddp_timeout
 neftune_noise_alpha auto_find_batch_size eval_accumulation_steps eval_do_concat_batches
 eval_use_gather_object torch_empty_cache_steps save_on_each_node ddp_static_graph tf32 optim_args
-remove_unused_columns dataloader_in_order dataloader_multiprocessing_context""".split()
+remove_unused_columns dataloader_in_order dataloader_multiprocessing_context do_train do_eval
+do_predict use_cache enable_jit_checkpoint debug""".split()
 
 
 def plain(v):

@@ -394,14 +394,16 @@ TEST(TrainingArguments, OptimArgsAndFieldsTakenAsHfs) {
             "`torch_empty_cache_steps` must be an integer bigger than 0, got 0.");
   EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"eval_accumulation_steps": -1})"); }),
             "TrainingArguments: eval_accumulation_steps must be > 0, got -1");
-  EXPECT_NE(error_of([] {
-              TrainingArguments::from_json(R"({"eval_do_concat_batches": false})");
-            }).find("eval_do_concat_batches = false is not supported by mixprec"),
-            std::string::npos);
-  EXPECT_NE(error_of([] {
-              TrainingArguments::from_json(R"({"eval_use_gather_object": true})");
-            }).find("eval_use_gather_object = true is not supported by mixprec"),
-            std::string::npos);
+  for (const auto& [json, part] : std::vector<std::pair<std::string, std::string>>{
+           {R"({"eval_do_concat_batches": false})",
+            "eval_do_concat_batches = false is not supported by mixprec"},
+           {R"({"eval_use_gather_object": true})",
+            "eval_use_gather_object = true is not supported by mixprec"},
+           {R"({"debug": "underflow_overflow"})",
+            "not supported by mixprec; numerics_monitor_steps watches"},
+           {R"({"debug": " tpu_metrics_debug"})", "debug \"tpu_metrics_debug\" is not supported"}})
+    EXPECT_NE(error_of([&] { TrainingArguments::from_json(json); }).find(part), std::string::npos)
+        << json;
   if (!torch::cuda::is_available()) {
     EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"tf32": true})"); }),
               "--tf32 requires Ampere or a newer GPU arch, cuda>=11 and torch>=1.7");
@@ -419,6 +421,14 @@ TEST(TrainingArguments, OptimArgsAndFieldsTakenAsHfs) {
       "TrainingArguments: dataloader_multiprocessing_context: multiprocessing_context option "
       "should specify a valid start method in ['fork', 'spawn', 'forkserver'], but got "
       "multiprocessing_context='thread'");
+  EXPECT_EQ(error_of([] { TrainingArguments::from_json(R"({"debug": "verbose tpu"})"); }),
+            "TrainingArguments: debug 'verbose' is not one of HF's options "
+            "(\"underflow_overflow\", \"tpu_metrics_debug\"), which mixprec does not support "
+            "either");
+  EXPECT_TRUE(TrainingArguments::from_json(R"({"debug": " "})").debug.empty());
+  // As HF's: evaluating sets do_eval.
+  EXPECT_FALSE(TrainingArguments::from_json("{}").do_eval);
+  EXPECT_TRUE(TrainingArguments::from_json(R"({"eval_strategy": "epoch"})").do_eval);
   // Every one of them at a value it takes, on the command line too, and back from to_json.
   const auto args =
       TrainingArguments::parse_args(std::vector<std::string>{"--optim",
@@ -444,7 +454,11 @@ TEST(TrainingArguments, OptimArgsAndFieldsTakenAsHfs) {
                                                              "--dataloader_num_workers",
                                                              "1",
                                                              "--dataloader_multiprocessing_context",
-                                                             "forkserver"});
+                                                             "forkserver",
+                                                             "--do_train",
+                                                             "--do_predict",
+                                                             "--use_cache",
+                                                             "--enable_jit_checkpoint"});
   EXPECT_EQ(args.optim_args, "momentum=0.5");
   EXPECT_EQ(args.torch_empty_cache_steps, 3);
   EXPECT_EQ(args.eval_accumulation_steps, 2);
@@ -454,6 +468,7 @@ TEST(TrainingArguments, OptimArgsAndFieldsTakenAsHfs) {
   EXPECT_FALSE(args.remove_unused_columns);
   EXPECT_FALSE(args.dataloader_in_order);
   EXPECT_EQ(args.dataloader_multiprocessing_context, "forkserver");
+  EXPECT_TRUE(args.do_train && args.do_predict && args.use_cache && args.enable_jit_checkpoint);
   EXPECT_EQ(TrainingArguments::from_json(args.to_json()).to_json(), args.to_json());
 }
 

@@ -138,6 +138,34 @@ class Checkpointable {
   virtual void load_state_dict(const std::string& json) = 0;
 };
 
+/// Accelerate's save_state pre-hook: `hook(models, weights, output_dir)`, before save_state()
+/// writes the models. `weights` holds each prepared model's state (detached), in order: the hook
+/// may change them or drop some (those left are saved as model, model_1, ... in their order),
+/// and write files of its own into `output_dir`. That is the folder being written, which the
+/// commit renames into place (Accelerate passes the final folder): its files join the atomic
+/// commit and the checksums; it takes files, not folders. Hooks registered on a Trainer's
+/// accelerator apply to its checkpoints too.
+using SaveStateHook = std::function<void(const std::vector<std::shared_ptr<torch::nn::Module>>&,
+                                         std::vector<std::map<std::string, at::Tensor>>&,
+                                         const std::filesystem::path&)>;
+/// Accelerate's load_state pre-hook: `hook(models, input_dir)`, before load_state() loads the
+/// models. Those it leaves in `models` load from model, model_1, ... in their order, so a hook
+/// that loads a model itself removes it.
+using LoadStateHook = std::function<void(std::vector<std::shared_ptr<torch::nn::Module>>&,
+                                         const std::filesystem::path&)>;
+
+/// torch.utils.hooks.RemovableHandle: remove() unregisters the hook (later calls do nothing).
+class RemovableHandle {
+ public:
+  explicit RemovableHandle(std::function<void()> remove) : remove_(std::move(remove)) {}
+  void remove() {
+    if (remove_) std::exchange(remove_, nullptr)();
+  }
+
+ private:
+  std::function<void()> remove_;
+};
+
 namespace detail {
 
 struct OptimizerFlags {
@@ -163,6 +191,9 @@ struct Shared {
   std::vector<std::shared_ptr<log::Tracker>> trackers;  // main process only
   std::shared_ptr<log::NumericsMonitor> monitor;        // when asked for
   bool trigger = false;                                 // set_trigger() on this process
+  std::map<int64_t, SaveStateHook> save_state_hooks;    // by registration, as Accelerate's
+  std::map<int64_t, LoadStateHook> load_state_hooks;
+  int64_t next_hook_id = 0;
 
   int64_t num_processes() const { return group ? group->world_size() : 1; }
   void unscale(torch::optim::Optimizer& optimizer, OptimizerFlags& flags);
@@ -628,9 +659,17 @@ class Accelerator {
   /// error that names the file. Without `dir`, with automatic checkpoint naming, the
   /// newest undamaged checkpoint_N, and the next save is N+1 (beyond the newest folder).
   /// `models_only` loads the prepared models alone (what save_state(models_only) wrote).
-  void load_state(const std::optional<std::string>& dir = std::nullopt, bool models_only = false);
+  /// `strict` false (Accelerate's load_state(dir, strict=False), passed to torch's
+  /// load_state_dict) skips a model's tensors that one side lacks, silently as there.
+  void load_state(const std::optional<std::string>& dir = std::nullopt, bool models_only = false,
+                  bool strict = true);
   /// Whether `dir` is what save_state(models_only) wrote: the models and extra files alone.
   static bool holds_models_only(const std::filesystem::path& dir);
+  /// Accelerate's register_save_state_pre_hook (SaveStateHook). The hooks run on the process
+  /// that writes, in the order they were registered (Accelerate's run on every process).
+  RemovableHandle register_save_state_pre_hook(SaveStateHook hook);
+  /// Accelerate's register_load_state_pre_hook (LoadStateHook), on every process.
+  RemovableHandle register_load_state_pre_hook(LoadStateHook hook);
   /// Automatic checkpoint naming's settings; its iteration may be set.
   ProjectConfiguration& project_configuration() { return shared_->options.project_config; }
   /// The number of the next automatically named checkpoint (Accelerate's save_iteration).
@@ -711,13 +750,16 @@ class Accelerator {
 /// Accelerate's load_checkpoint_in_model: loads `checkpoint` into `model`: a .safetensors
 /// file, a `*.safetensors.index.json` and its shards, or a folder that Accelerator::save_model
 /// or HF's save_pretrained wrote (sharded or not). A tied weight saved under one of its names
-/// loads into all (saved under several, they must hold equal values). Stricter than
-/// Accelerate's default (strict=False, which warns): a missing or unexpected tensor, or a
-/// shape that does not fit, is an error that names it and the file.
-void load_checkpoint_in_model(torch::nn::Module& model, const std::string& checkpoint);
+/// loads into all (saved under several, they must hold equal values). By default stricter
+/// than Accelerate's (strict=False): a missing or unexpected tensor, or a shape that does not
+/// fit, is an error that names it and the file. `strict` false is Accelerate's: missing tensors
+/// are left as they are, and unexpected ones are skipped with its warning.
+void load_checkpoint_in_model(torch::nn::Module& model, const std::string& checkpoint,
+                              bool strict = true);
 template <ModuleHandle M>
-void load_checkpoint_in_model(M model, const std::string& checkpoint) {  // a handle: shares it
-  load_checkpoint_in_model(*model, checkpoint);
+void load_checkpoint_in_model(M model, const std::string& checkpoint,
+                              bool strict = true) {  // a handle: shares it
+  load_checkpoint_in_model(*model, checkpoint, strict);
 }
 
 /// Seeds every generator a run uses (LibTorch's CPU and CUDA generators and

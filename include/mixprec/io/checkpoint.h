@@ -21,11 +21,17 @@ TensorMap module_state(const torch::nn::Module& module);
 /// dtype and view) left out, as Accelerate's save_model and HF's save_pretrained save them.
 std::vector<std::pair<std::string, at::Tensor>> untied_module_state(
     const torch::nn::Module& module);
-/// Copies `state` into the module's parameters and buffers. Missing or
-/// unexpected names and shape or dtype mismatches are errors that name the
-/// tensor and `source` (the file it came from).
-void load_module_state(torch::nn::Module& module, const TensorMap& state,
-                       const std::string& source);
+/// torch's _IncompatibleKeys: what load_module_state(strict = false) left out.
+struct IncompatibleKeys {
+  std::vector<std::string> missing_keys;     // the module's, not in the state
+  std::vector<std::string> unexpected_keys;  // the state's, not in the module
+};
+/// Copies `state` into the module's parameters and buffers. Shape or dtype mismatches are
+/// errors that name the tensor and `source` (the file it came from); so are missing or
+/// unexpected names, unless `strict` is false (torch's load_state_dict), which skips them and
+/// returns them.
+IncompatibleKeys load_module_state(torch::nn::Module& module, const TensorMap& state,
+                                   const std::string& source, bool strict = true);
 
 /// An optimizer's per-parameter state as tensors ("state.<index>.<field>",
 /// the index counting parameters across groups as PyTorch's state_dict does)

@@ -23,6 +23,10 @@ Level level_from_name(std::string_view name);
 inline bool enabled(Level level) { return get_verbosity() <= level; }
 
 void write_info(const std::string& message);
+/// Python's repr of a float: the fewest digits that read back, fixed notation for exponents -4
+/// to 15 ("3.0", "0.0001"), scientific otherwise ("1e-05", "1.5e+16"); "nan", "inf", "-inf".
+/// For messages that print a value as HF's do.
+std::string python_repr(double value);
 /// The message, made as c10::str makes it, and a newline to stderr, when kInfo is enabled.
 template <typename... Args>
 void info(const Args&... args) {

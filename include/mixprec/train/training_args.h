@@ -66,6 +66,11 @@ struct AcceleratorConfig {
 /// `*_steps` below 1 are a ratio of the total training steps, as in transformers 5.
 struct TrainingArguments {
   std::string output_dir = "trainer_output";
+  /// For scripts, as HF's: the Trainer does not read them. validate() sets do_eval when
+  /// eval_strategy is not "no", as HF's.
+  bool do_train = false;
+  bool do_eval = false;
+  bool do_predict = false;
   /// Start afresh even if output_dir holds checkpoints (otherwise an error
   /// suggests resume_from_checkpoint). Gone from transformers 5; kept here.
   bool overwrite_output_dir = false;
@@ -212,6 +217,14 @@ struct TrainingArguments {
   std::optional<std::string> optim_args = std::nullopt;
   /// "tensorboard", "jsonl", "all" or "none"; validate() leaves the trackers to use.
   std::vector<std::string> report_to = {"none"};
+  /// HF's model.config.use_cache during training. No effect: mixprec's models keep no cache.
+  bool use_cache = false;
+  /// HF's Trainer saves a checkpoint on SIGTERM when true. mixprec's saves one on SIGTERM and
+  /// SIGINT whatever it says (TrainOutput::stopped_by_signal).
+  bool enable_jit_checkpoint = false;
+  /// HF's debug features: none here. "underflow_overflow" (HF's DebugUnderflowOverflow) is an
+  /// error that points to numerics_monitor_steps; "tpu_metrics_debug" is an error.
+  std::vector<std::string> debug = {};
   std::optional<std::string> resume_from_checkpoint = std::nullopt;
   /// On a resume, start the checkpoint's epoch from its first batch rather than skip the batches
   /// it had trained on.
