@@ -492,8 +492,7 @@ void Accelerator::save_model(const torch::nn::Module& model, const std::string& 
 void Accelerator::main_process_writes(const char* what, const std::function<void()>& write) const {
   std::exception_ptr failure;
   std::string message;
-  if (shared_->options.project_config.save_on_each_node ? is_local_main_process()
-                                                        : is_main_process()) {
+  if (should_save()) {
     try {
       write();
     } catch (const c10::Error& e) {

@@ -74,12 +74,6 @@ dist::GradientReducerOptions ddp_options(const TrainingArguments& args,
   return ddp;
 }
 
-// HF's TrainingArguments.should_save: whether this process writes checkpoints (and removes
-// them).
-bool should_save(const TrainingArguments& args, const accelerate::Accelerator& acc) {
-  return args.save_on_each_node ? acc.is_local_main_process() : acc.is_main_process();
-}
-
 // The batch keys that hold labels.
 std::vector<std::string> label_names_of(const TrainingArguments& args) {
   return args.label_names.value_or(std::vector<std::string>{"labels"});
@@ -552,7 +546,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   TORCH_CHECK(!args_.eval_on_start || impl.eval_dataset,
               "Trainer::train: eval_on_start is true but no eval_dataset was given");
   if (!resume_from_checkpoint) resume_from_checkpoint = args_.resume_from_checkpoint;
-  if (should_save(args_, acc) && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
+  if (acc.should_save() && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
     MIXPREC_WARN("Trainer: removed checkpoint folders a killed run left unfinished in ",
                  args_.output_dir);
   const bool resume_last = resume_from_checkpoint == "last";
@@ -1132,7 +1126,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     io::load_module_state(*impl.module, io::load_safetensors(file), file.string());
   }
   if (args_.save_total_limit == 1 && state_.best_model_checkpoint && !stopped_by &&
-      should_save(args_, acc))
+      acc.should_save())
     for (const auto& [step, dir] : io::checkpoints(args_.output_dir))
       if (!same_folder(dir, *state_.best_model_checkpoint)) {
         log::info("Deleting older checkpoint [", dir.string(), "] due to args.save_total_limit");
@@ -1158,7 +1152,7 @@ void Trainer::save_checkpoint(bool model_only) {
       {{"trainer_state.json", state_.to_json()}, {"training_args.json", args_.to_json()}},
       model_only);
   // As HF's _rotate_checkpoints: a limit of 0 or below keeps every checkpoint.
-  if (args_.save_total_limit.value_or(0) > 0 && should_save(args_, acc))
+  if (args_.save_total_limit.value_or(0) > 0 && acc.should_save())
     rotate_checkpoints(*args_.save_total_limit);
   impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_save(a, s, c); });
 }

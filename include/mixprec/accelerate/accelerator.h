@@ -541,6 +541,12 @@ class Accelerator {
   bool is_main_process() const { return process_index() == 0; }
   bool is_local_main_process() const { return local_process_index() == 0; }
   bool is_last_process() const { return process_index() == num_processes() - 1; }
+  /// Whether save_state() and save_model() write on this process: the main one, or each node's
+  /// with project_config.save_on_each_node (HF's TrainingArguments.should_save).
+  bool should_save() const {
+    return shared_->options.project_config.save_on_each_node ? is_local_main_process()
+                                                             : is_main_process();
+  }
   /// Accelerate's on_main_process, on_local_main_process, on_last_process, on_process and
   /// on_local_process decorators: `function()` runs on that process only.
   template <typename F>
