@@ -117,14 +117,14 @@ int main(int argc, char** argv) {
     if (profile) {
       auto profiler = std::make_shared<ProfileSteps>(warmup, steps);
       time_trainer(model.ptr(), forward, dataset, args, warmup, steps, {profiler});
-      print_self_times(*profiler->result, part_of, steps);
+      print_self_times(*profiler->profiler, part_of, steps);
       return 0;
     }
     timed = time_trainer(model.ptr(), forward, dataset, args, warmup, steps);
   } else {
     for (int i = 0; i < warmup; ++i) step(i);
     if (profile) {
-      print_self_times(*profiled([&] { time_steps(step, warmup, steps); }), part_of, steps);
+      print_self_times(profiled([&] { time_steps(step, warmup, steps); }), part_of, steps);
       return 0;
     }
     timed = time_steps(step, warmup, steps);

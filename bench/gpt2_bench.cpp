@@ -67,9 +67,9 @@ double activation_mb(const std::function<torch::Tensor()>& forward) {
 // AdamW's moments), from LibTorch's profiler's memory events: what the step needs, without the
 // allocator's free-but-resident memory that peak RSS also counts.
 double step_peak_mb(const std::function<void()>& step) {
-  const auto result = profiled(step, /*memory=*/true);
+  const auto profiler = profiled(step, /*memory=*/true);
   std::vector<std::pair<int64_t, int64_t>> events;  // (time, bytes allocated or freed)
-  for (const auto& e : result->events())
+  for (const auto& e : profiler.result()->events())
     if (e.name() == "[memory]") events.emplace_back(e.startNs(), e.nBytes());
   std::sort(events.begin(), events.end());
   int64_t live = 0, peak = 0;
@@ -215,11 +215,11 @@ int main(int argc, char** argv) {
   if (profile && level == "trainer") {
     auto profiler = std::make_shared<ProfileSteps>(warmup, 1);
     time_gpt2_trainer(model, data, precision, warmup, 1, {profiler});
-    print_self_times(*profiler->result, part_of);
+    print_self_times(*profiler->profiler, part_of);
     return 0;
   }
   if (profile) {
-    print_self_times(*profiled([&] { step(warmup).item<double>(); }), part_of);
+    print_self_times(profiled([&] { step(warmup).item<double>(); }), part_of);
     return 0;
   }
   if (memory) {

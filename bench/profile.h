@@ -2,6 +2,7 @@
 // benchmarks' --profile.
 #pragma once
 
+#include <mixprec/accelerate/profiler.h>
 #include <mixprec/train/callbacks.h>
 
 #include <torch/csrc/autograd/profiler_kineto.h>
@@ -11,28 +12,19 @@
 #include <functional>
 #include <map>
 #include <memory>
-#include <set>
+#include <optional>
 #include <string>
 #include <vector>
 
-namespace prof = torch::autograd::profiler;
+using mixprec::accelerate::ProfileKwargs;
+using mixprec::accelerate::Profiler;
 
-// Starts LibTorch's profiler (CPU events; memory events too if asked) on this thread;
-// prof::disableProfiler() stops it and returns the events.
-inline void start_profiler(bool memory = false) {
-  const prof::ProfilerConfig config(torch::profiler::impl::ProfilerState::KINETO,
-                                    /*report_input_shapes=*/false, /*profile_memory=*/memory);
-  const std::set<prof::ActivityType> cpu{prof::ActivityType::CPU};
-  prof::prepareProfiler(config, cpu);
-  prof::enableProfiler(config, cpu);
-}
-
-// Runs f under LibTorch's profiler.
-inline std::unique_ptr<prof::ProfilerResult> profiled(const std::function<void()>& f,
-                                                      bool memory = false) {
-  start_profiler(memory);
+// Runs f under LibTorch's profiler (memory events too if asked) and stops it.
+inline Profiler profiled(const std::function<void()>& f, bool memory = false) {
+  Profiler profiler({.activities = {"cpu"}, .profile_memory = memory});
   f();
-  return prof::disableProfiler();
+  profiler.stop();
+  return profiler;
 }
 
 // What `forward` leaves allocated for the backward (activations autograd saved, autocast's
@@ -40,46 +32,25 @@ inline std::unique_ptr<prof::ProfilerResult> profiled(const std::function<void()
 // events over one call. Used by tests/models/activation_checkpoint_test.cpp too.
 inline int64_t activation_bytes(const std::function<torch::Tensor()>& forward) {
   torch::Tensor loss;  // alive, with its graph, until the profiler stops
-  const auto result = profiled([&] { loss = forward(); }, /*memory=*/true);
+  const auto profiler = profiled([&] { loss = forward(); }, /*memory=*/true);
   int64_t bytes = 0;
-  for (const auto& e : result->events())
+  for (const auto& e : profiler.result()->events())
     if (e.name() == "[memory]") bytes += e.nBytes();
   return bytes;
 }
 
 // Prints each op's self time in a profile of `steps` steps (its time minus that of the ops it
 // called), per step and largest first, and their sums by `part_of` the step, to stderr.
-inline void print_self_times(const prof::ProfilerResult& result,
+inline void print_self_times(const Profiler& profiler,
                              const std::function<std::string(const std::string&)>& part_of,
                              int64_t steps = 1) {
-  std::map<uint64_t, std::vector<const prof::KinetoEvent*>> by_thread;
-  for (const auto& e : result.events()) by_thread[e.startThreadId()].push_back(&e);
-  std::map<std::string, std::pair<double, int64_t>> self;  // name -> (ms, calls)
+  std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows;  // name, (ms, calls)
   double total = 0;
-  for (auto& [thread, events] : by_thread) {
-    std::sort(events.begin(), events.end(), [](auto* a, auto* b) {
-      return a->startNs() != b->startNs() ? a->startNs() < b->startNs()
-                                          : a->durationNs() > b->durationNs();
-    });
-    std::vector<std::pair<const prof::KinetoEvent*, double>> stack;  // (event, children ns)
-    auto close = [&] {
-      auto [e, children] = stack.back();
-      stack.pop_back();
-      auto& [ms, calls] = self[e->name()];
-      ms += (static_cast<double>(e->durationNs()) - children) / 1e6 / steps;
-      ++calls;
-      if (stack.empty())
-        total += static_cast<double>(e->durationNs()) / 1e6 / steps;
-      else
-        stack.back().second += static_cast<double>(e->durationNs());
-    };
-    for (const auto* e : events) {
-      while (!stack.empty() && stack.back().first->endNs() <= e->startNs()) close();
-      stack.emplace_back(e, 0.0);
-    }
-    while (!stack.empty()) close();
+  for (const auto& row : profiler.key_averages()) {
+    const double ms = row.self_cpu_time_total / 1e3 / static_cast<double>(steps);
+    rows.push_back({row.key, {ms, row.count}});
+    total += ms;
   }
-  std::vector<std::pair<std::string, std::pair<double, int64_t>>> rows(self.begin(), self.end());
   std::sort(rows.begin(), rows.end(),
             [](const auto& a, const auto& b) { return a.second.first > b.second.first; });
   std::fprintf(stderr, "| op | self ms a step | share | calls a step |\n|---|---|---|---|\n");
@@ -101,14 +72,14 @@ inline void print_self_times(const prof::ProfilerResult& result,
 // Profiles the Trainer's steps warmup + 1 ... warmup + steps.
 struct ProfileSteps : mixprec::train::TrainerCallback {
   int64_t warmup = 0, steps = 1;
-  std::unique_ptr<prof::ProfilerResult> result;
+  std::optional<Profiler> profiler;
   ProfileSteps(int64_t warmup, int64_t steps) : warmup(warmup), steps(steps) {}
   void on_step_begin(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
                      mixprec::train::TrainerControl&) override {
-    if (state.global_step == warmup) start_profiler();
+    if (state.global_step == warmup) profiler.emplace(ProfileKwargs{.activities = {"cpu"}});
   }
   void on_step_end(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
                    mixprec::train::TrainerControl&) override {
-    if (state.global_step == warmup + steps) result = prof::disableProfiler();
+    if (state.global_step == warmup + steps) profiler->stop();
   }
 };

@@ -74,6 +74,13 @@ Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<
   TORCH_CHECK(options.gradient_accumulation_steps >= 1,
               "Accelerator: gradient_accumulation_steps must be >= 1, got ",
               options.gradient_accumulation_steps);
+  for (const auto& type : options.rng_types) {
+    TORCH_CHECK(type == "torch" || type == "cuda" || type == "generator",
+                "Accelerator: rng_types' '", type,
+                "' is not one of \"torch\", \"cuda\", \"generator\"");
+    TORCH_CHECK(type != "cuda" || torch::cuda::is_available(),
+                "Accelerator: can't synchronize CUDA seeds (rng_types' \"cuda\") without CUDA");
+  }
   shared_->group = dist::ProcessGroup::from_environment();
   if (shared_->group && options.timeout) shared_->group->set_timeout(*options.timeout);
   // One GPU per process of a machine, as Accelerate's cuda:{local_process_index}.
@@ -182,7 +189,31 @@ PreparedDataLoader Accelerator::skip_first_batches(const PreparedDataLoader& loa
   return skipping;
 }
 
+namespace {
+
+// Accelerate's synchronize_rng_states, as each pass of a prepared loader starts: the main
+// process's states. ("generator", the loader's shuffle generator: one prepare_data_loader made
+// is seeded alike already, one the caller gave may not be.)
+void synchronize_rng_states(const detail::Shared& shared, const data::DataLoader& loader) {
+  if (!shared.group) return;
+  for (const auto& type : shared.options.rng_types) {
+    if (type == "generator" && !loader.options().generator) continue;
+    at::Generator generator =
+        type == "generator" ? *loader.options().generator
+        : type == "torch"   ? at::detail::getDefaultCPUGenerator()
+                            : at::globalContext().defaultGenerator(
+                                  shared.device.is_cuda() ? shared.device : c10::Device(c10::kCUDA));
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    at::Tensor state = generator.get_state();
+    shared.group->broadcast_(state);
+    generator.set_state(state);
+  }
+}
+
+}  // namespace
+
 PreparedDataLoader::Iterator PreparedDataLoader::begin() {
+  synchronize_rng_states(*shared_, *loader_);
   shared_->gradient_state.end_of_dataloader = false;
   Iterator it;
   it.owner_ = this;
@@ -684,6 +715,35 @@ void Accelerator::print_line(const std::string& line) const {
 
 void Accelerator::wait_for_everyone() const {
   if (shared_->group) shared_->group->barrier();
+}
+
+Profiler Accelerator::profile(const std::function<void(Profiler&)>& body,
+                              std::optional<ProfileKwargs> kwargs) {
+  if (!kwargs) kwargs = shared_->options.profile.value_or(ProfileKwargs{});
+  const std::optional<std::string> dir = kwargs->output_trace_dir;
+  Profiler profiler(std::move(*kwargs));
+  try {
+    body(profiler);
+  } catch (...) {
+    try {
+      profiler.stop();                   // as torch's __exit__: on_trace_ready too
+    } catch (const std::exception& e) {  // the body's error is the one to see
+      MIXPREC_WARN("Accelerator::profile: stopping the profiler after an error failed: ", e.what());
+    }
+    throw;
+  }
+  profiler.stop();
+  if (!dir) return profiler;
+  std::error_code error;
+  std::filesystem::create_directories(*dir, error);
+  TORCH_CHECK(!error, "Accelerator::profile: cannot make output_trace_dir ", *dir, ": ",
+              error.message());
+  // Accelerate's PROFILE_PATTERN_NAME.
+  profiler.export_chrome_trace(
+      (std::filesystem::path(*dir) / ("profile_" + std::to_string(process_index()) + ".json"))
+          .string());
+  wait_for_everyone();
+  return profiler;
 }
 
 at::Tensor Accelerator::gather(const at::Tensor& tensor) const {

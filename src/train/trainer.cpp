@@ -10,6 +10,7 @@
 #include "memory_tracker.h"
 
 #include <ATen/ATen.h>
+#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <torch/cuda.h>
@@ -25,6 +26,7 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
+#include <mutex>
 #include <regex>
 #include <set>
 #include <span>
@@ -119,10 +121,26 @@ int64_t num_parameters(torch::nn::Module& module, bool only_trainable, bool excl
   return count;
 }
 
+// The samples of one step on all processes together: the batch of each times their number,
+// or with accelerator_config's split_batches the batch itself. (HF's counts of samples and
+// steps multiply by the number of processes in both cases.)
+int64_t global_batch_of(const TrainingArguments& args, const accelerate::Accelerator& acc,
+                        int64_t batch_size) {
+  return args.accelerator_config.split_batches ? batch_size : batch_size * acc.num_processes();
+}
+
 // The Trainer's loaders, in order (train() shuffles its own): each process takes its batches
-// of every num_processes, as Accelerate's BatchSamplerShard shares them.
+// of every num_processes, as Accelerate's BatchSamplerShard shares them; with split_batches,
+// a batch of `batch_size` is cut among the processes (the same batches, as Accelerate's).
 data::DataLoaderOptions loader_options_of(const TrainingArguments& args,
                                           const accelerate::Accelerator& acc, int64_t batch_size) {
+  if (args.accelerator_config.split_batches) {
+    TORCH_CHECK(batch_size % acc.num_processes() == 0,
+                "Trainer: to use a DataLoader in split_batches mode, the batch size (", batch_size,
+                ") needs to be a round multiple of the number of processes (", acc.num_processes(),
+                ").");
+    batch_size /= acc.num_processes();
+  }
   data::DataLoaderOptions options{.batch_size = static_cast<size_t>(batch_size),
                                   .drop_last = args.dataloader_drop_last,
                                   .num_workers = static_cast<size_t>(args.dataloader_num_workers),
@@ -180,6 +198,30 @@ void group_by_length(data::DataLoaderOptions& options, const TrainingArguments& 
   options.seed = static_cast<uint64_t>(args.data_seed.value_or(args.seed));
   options.group_by_length =
       data::LengthGrouping{std::move(lengths), static_cast<size_t>(batch_size)};
+}
+
+// The train loader's position for a checkpoint, with what a RandomSampler's order goes on
+// from (use_seedable_sampler = false): within an epoch, the pass's seed or its generator's
+// state when the pass began (from `pass`, the loader's state read as it began: the loader
+// forgets them once the pass is read to its end); between epochs, the generator's state now.
+data::DataLoaderState loader_position(const data::DataLoader& loader,
+                                      const data::DataLoaderState& pass, int64_t epoch,
+                                      int64_t batches_yielded) {
+  data::DataLoaderState position{epoch, batches_yielded};
+  const auto& options = loader.options();
+  if (!options.shuffle || options.shuffle_order != data::ShuffleOrder::kRandomSampler)
+    return position;
+  if (batches_yielded > 0) {
+    position.pass_seed = pass.pass_seed;
+    position.generator_state = pass.generator_state;
+  } else if (options.generator) {
+    at::Generator generator = *options.generator;
+    std::lock_guard<std::mutex> lock(generator.mutex());
+    const at::Tensor state = generator.get_state();
+    position.generator_state = {state.data_ptr<uint8_t>(),
+                                state.data_ptr<uint8_t>() + state.numel()};
+  }
+  return position;
 }
 
 // Concatenates along dim 0, padding the other dims with -100 where they
@@ -510,6 +552,12 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
       // DeepSpeed's min_loss_scale: a run whose gradients overflow even at
       // scale 1 would skip every step from then on; it stops instead.
       .scaler = {.min_scale = 1.0},
+      // HF's DataLoaderConfiguration, for loaders one prepares on trainer.accelerator() (the
+      // Trainer shards its own the same way).
+      .split_batches = args_.accelerator_config.split_batches,
+      .use_seedable_sampler = args_.accelerator_config.use_seedable_sampler,
+      .data_seed =
+          args_.data_seed ? std::optional(static_cast<uint64_t>(*args_.data_seed)) : std::nullopt,
       .ddp = ddp_options(args_, *impl_->module),
       .timeout = std::chrono::seconds(args_.ddp_timeout),
       .log_with = args_.report_to,
@@ -641,7 +689,18 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     accelerate::set_seed(static_cast<uint64_t>(args_.seed));
   auto loader_options = loader_options_of(args_, acc, batch_size);
   loader_options.shuffle = args_.train_sampling_strategy == "random";
-  loader_options.seed = static_cast<uint64_t>(args_.data_seed.value_or(args_.seed));
+  if (args_.accelerator_config.use_seedable_sampler) {
+    loader_options.seed = static_cast<uint64_t>(args_.data_seed.value_or(args_.seed));
+  } else if (loader_options.shuffle) {
+    // HF's RandomSampler, which Accelerate keeps: each pass's order drawn from torch's
+    // generator, or in data parallel from one seeded by the main process's draw.
+    loader_options.shuffle_order = data::ShuffleOrder::kRandomSampler;
+    if (acc.num_processes() > 1) {
+      const at::Tensor draw = at::empty({1}, at::kLong).random_();
+      loader_options.generator = at::make_generator<at::CPUGeneratorImpl>(
+          static_cast<uint64_t>(acc.gather(draw)[0].item<int64_t>()));
+    }
+  }
   // As HF's: a megabatch is a multiple of the accumulation window's samples. (HF's
   // LengthGroupedSampler draws its order from torch's generator; mixprec's from the seed and
   // the epoch, as Accelerate's seedable sampler does the "random" order, so that a resumed
@@ -747,7 +806,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
   acc.prepare(schedule);  // for save_state and load_state only: stepped below, as HF's Trainer
   auto& position = impl.position;
   position.state = {};
-  position.global_batch = batch_size * acc.num_processes();
+  position.global_batch = global_batch_of(args_, acc, batch_size);
 
   state_ = TrainerState{};
   state_.max_steps = max_steps;
@@ -783,6 +842,24 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     if (args_.ignore_data_skip)
       position.state = {
           position.state.epoch + (position.state.batches_yielded >= batches_per_epoch), 0};
+    // A RandomSampler's epoch resumes in its order from what the checkpoint recorded; one that
+    // records none (save_only_model's, or one saved with the seedable sampler) draws it afresh,
+    // as HF's does every time, and skips the batches done.
+    auto& resumed = position.state;
+    if (loader_options.shuffle &&
+        loader_options.shuffle_order == data::ShuffleOrder::kRandomSampler &&
+        resumed.batches_yielded > 0 && !resumed.pass_seed && !resumed.generator_state) {
+      MIXPREC_WARN("Trainer: ", dir.string(),
+                   " records no shuffled order for its epoch (use_seedable_sampler = false); the "
+                   "epoch's order is drawn afresh and its first ",
+                   resumed.batches_yielded, " batches skipped");
+      const int64_t done = resumed.batches_yielded;
+      resumed = loader_position(loader, {}, resumed.epoch, 0);
+      if (!resumed.generator_state)
+        resumed.pass_seed =
+            static_cast<uint64_t>(at::empty({}, at::kLong).random_().item<int64_t>());
+      resumed.batches_yielded = done;
+    }
     loader.load_state(position.state);
     // Mid-epoch, the batches done stand for other samples when the batch of all processes
     // together changed (another batch size or number of processes).
@@ -791,7 +868,8 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
       MIXPREC_WARN("Trainer: ", *resume_from_checkpoint, " stopped mid-epoch with a batch of ",
                    *position.saved_global_batch,
                    " samples on all processes together; this run's is ", position.global_batch,
-                   " (a batch of ", batch_size, " per device x ", acc.num_processes(),
+                   " (a batch of ", loader_options.batch_size, " per device x ",
+                   acc.num_processes(),
                    " processes), so the rest of the epoch can repeat or skip "
                    "samples");
     if (state_.best_model_checkpoint && !fs::exists(*state_.best_model_checkpoint)) {
@@ -830,7 +908,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
       log::info("  Training with DataParallel so batch size has been adjusted to: ",
                 with_commas(batch_size));
     log::info("  Total train batch size (w. parallel, distributed & accumulation) = ",
-              with_commas(batch_size * accumulation * acc.num_processes()));
+              with_commas(global_batch_of(args_, acc, batch_size) * accumulation));
     log::info("  Gradient Accumulation steps = ", accumulation);
     log::info("  Total optimization steps = ", with_commas(max_steps));
     log::info("  Number of trainable parameters = ",
@@ -944,7 +1022,9 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     std::vector<data::Batch> window_batches;
     size_t next_in_window = 0;
     std::optional<int64_t> num_items_in_batch;
-    for (auto it = loader.begin(); next_in_window < window_batches.size() || it != loader.end();) {
+    auto it = loader.begin();
+    const data::DataLoaderState pass = loader.state();  // read before the pass is over
+    for (; next_in_window < window_batches.size() || it != loader.end();) {
       if (step_in_epoch % args_.gradient_accumulation_steps == 0)
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_begin(a, s, c); });
@@ -1024,7 +1104,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
         ++state_.global_step;
         state_.epoch = static_cast<double>(epoch) +
                        static_cast<double>(step_in_epoch) / static_cast<double>(batches_per_epoch);
-        position.state = {epoch, step_in_epoch};
+        position.state = loader_position(loader, pass, epoch, step_in_epoch);
         progress.update();
         // HF's DefaultFlowCallback: what this step does by the strategies.
         auto& c = impl.control;
@@ -1076,7 +1156,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     if (stopped_by) break;
     // Stopped by max_steps before the epoch's end, a resumed run goes on from this step.
     if (!impl.control.should_training_stop || step_in_epoch == batches_per_epoch)
-      position.state = {epoch + 1, 0};
+      position.state = loader_position(loader, {}, epoch + 1, 0);
     auto& c = impl.control;
     c.should_log |= args_.logging_strategy == "epoch";
     c.should_evaluate |= args_.eval_strategy == "epoch" && args_.eval_delay <= state_.epoch;
@@ -1101,8 +1181,8 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
   // in the share of its steps run in this call.
   const double schedule_samples =
       args_.max_steps > 0
-          ? static_cast<double>(max_steps * batch_size * args_.gradient_accumulation_steps *
-                                acc.num_processes())
+          ? static_cast<double>(max_steps * global_batch_of(args_, acc, batch_size) *
+                                args_.gradient_accumulation_steps)
           : static_cast<double>(impl.train_dataset->size()) * args_.num_train_epochs;
   const double samples =
       schedule_samples * static_cast<double>(trained) / static_cast<double>(max_steps);
@@ -1438,7 +1518,7 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   // (dataloader_drop_last aside).
   const double runtime = seconds_since(start);
   const auto samples = static_cast<int64_t>(loader.dataset()->size());
-  const int64_t global_batch = args_.per_device_eval_batch_size * acc.num_processes();
+  const int64_t global_batch = global_batch_of(args_, acc, args_.per_device_eval_batch_size);
   output.metrics[prefix + "_runtime"] = runtime;
   output.metrics[prefix + "_samples_per_second"] = static_cast<double>(samples) / runtime;
   output.metrics[prefix + "_steps_per_second"] =

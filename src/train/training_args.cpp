@@ -151,10 +151,8 @@ bool one_of(const std::string& value, std::initializer_list<const char*> allowed
 void validate_accelerator_config(TrainingArguments& a) {
   const auto& c = a.accelerator_config;
   for (const auto& [name, value, default_value] :
-       {std::tuple{"split_batches", c.split_batches, false},
-        std::tuple{"dispatch_batches", c.dispatch_batches.value_or(false), false},
+       {std::tuple{"dispatch_batches", c.dispatch_batches.value_or(false), false},
         std::tuple{"even_batches", c.even_batches, true},
-        std::tuple{"use_seedable_sampler", c.use_seedable_sampler, true},
         std::tuple{"use_configured_state", c.use_configured_state, false}})
     TORCH_CHECK(value == default_value, "TrainingArguments: accelerator_config's ", name, " = ",
                 value ? "true" : "false", " is not supported by mixprec's Trainer, only ",

@@ -456,6 +456,14 @@ TEST(Accelerator, BadOptionsAreClearErrors) {
               Accelerator({.gradient_accumulation_steps = 0});
             }).find("gradient_accumulation_steps must be >= 1, got 0"),
             std::string::npos);
+  EXPECT_EQ(error_of([] {
+              Accelerator({.rng_types = {"torch", "numpy"}});
+            }),
+            "Accelerator: rng_types' 'numpy' is not one of \"torch\", \"cuda\", \"generator\"");
+  if (!torch::cuda::is_available()) {
+    EXPECT_EQ(error_of([] { Accelerator({.rng_types = {"cuda"}}); }),
+              "Accelerator: can't synchronize CUDA seeds (rng_types' \"cuda\") without CUDA");
+  }
   Accelerator accelerator;
   EXPECT_NE(error_of([&] {
               accelerator.reduce(torch::ones({1}), "min");

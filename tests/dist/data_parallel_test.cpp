@@ -13,6 +13,7 @@
 #include "models/tiny_gpt2.h"
 #include "test_util.h"
 
+#include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -285,6 +286,23 @@ TEST_F(DataParallel, PreparedShuffleTakesTheMainProcessSeed) {
   EXPECT_FALSE(torch::equal(first, second));
 }
 
+// rng_types "torch": each pass of a prepared loader starts from the main process's torch
+// generator on every process (so that dropout draws alike); by default, each keeps its own.
+TEST_F(DataParallel, RngTypesTorchSynchronizesTheGeneratorAsEachPassStarts) {
+  auto data = std::make_shared<mixprec::data::TensorDataset>(
+      std::map<std::string, at::Tensor>{{"x", torch::arange(8)}});
+  for (const bool synchronized : {false, true}) {
+    Accelerator prepared({.rng_types = synchronized ? std::vector<std::string>{"torch", "generator"}
+                                                    : std::vector<std::string>{"generator"}});
+    auto loader = prepared.prepare_data_loader(data, {.batch_size = 2});
+    torch::manual_seed(100 + static_cast<uint64_t>(accelerator.process_index()));
+    for (const auto& batch : loader) {
+      const auto draws = accelerator.gather(torch::rand({1, 4}));
+      EXPECT_EQ(torch::equal(draws[0], draws[1]), synchronized) << batch.at("x");
+    }
+  }
+}
+
 // Accelerate's default prepared loader on two processes: each rank's batches, pass after pass,
 // and what torch's generator draws between passes, are those of Accelerate's rank.
 TEST_F(DataParallel, PreparedShuffleEqualsAcceleratesDefaultOverPasses) {
@@ -511,6 +529,122 @@ TEST_F(DataParallel, TrainerTakesHfsDdpArguments) {
   const auto error = error_of([&] { train(false, "no"); });
   EXPECT_NE(error.find("ddp_find_unused_parameters"), std::string::npos) << error;
   EXPECT_TRUE(torch::equal(train(false, "no", true), fp32));
+}
+
+// accelerator_config's split_batches: per_device_train_batch_size is the batch of both
+// processes, cut in two; the same batches, losses and weights as half of it on each. Also
+// the epoch's evaluation, whose batch is split too.
+TEST_F(DataParallel, TrainerSplitBatchesCutsEachBatchAmongTheProcesses) {
+  torch::manual_seed(0);
+  auto data = pixels_dataset(36);
+  auto train = [&](int64_t batch_size, bool split) {
+    torch::manual_seed(1);
+    auto model = small_classifier();
+    auto args = three_steps_args("mixprec_dp_split_");
+    args.max_steps = 10;  // two passes: 36 samples in batches of 8, the last padded
+    args.logging_steps = 1;
+    args.eval_strategy = "epoch";
+    args.per_device_train_batch_size = batch_size;
+    args.per_device_eval_batch_size = batch_size;
+    args.accelerator_config.split_batches = split;
+    mixprec::Trainer trainer(model, args, data, data);
+    const auto output = trainer.train();
+    std::vector<double> losses;
+    for (const auto& entry : trainer.state().log_history)
+      for (const char* key : {"loss", "eval_loss"})
+        if (entry.count(key)) losses.push_back(entry.at(key));
+    return std::tuple(
+        flat_params(*model), losses, trainer.state().global_step,
+        output.metrics.at("train_samples_per_second") * output.metrics.at("train_runtime"));
+  };
+  const auto [halves, halves_losses, halves_steps, halves_samples] = train(4, false);
+  const auto [split, split_losses, split_steps, split_samples] = train(8, true);
+  expect_same_on_every_rank(accelerator, split);
+  EXPECT_TRUE(torch::allclose(split, halves, 1e-5, 1e-7));
+  EXPECT_EQ(split_steps, 10);
+  EXPECT_EQ(halves_steps, 10);
+  ASSERT_EQ(split_losses.size(), 12u);  // 10 steps, 2 evaluations
+  ASSERT_EQ(halves_losses.size(), 12u);
+  for (size_t i = 0; i < split_losses.size(); ++i)
+    EXPECT_NEAR(split_losses[i], halves_losses[i], 1e-6) << i;
+  EXPECT_NEAR(split_samples, 80, 1e-6);  // 10 steps of 8 samples, not counted twice
+  EXPECT_NEAR(split_samples, halves_samples, 1e-6);
+  EXPECT_EQ(error_of([&] { train(3, true); }),
+            "Trainer: to use a DataLoader in split_batches mode, the batch size (3) needs to be "
+            "a round multiple of the number of processes (2).");
+  std::filesystem::remove_all(shared_temp_dir(accelerator, "mixprec_dp_split_"));
+}
+
+// accelerator_config's use_seedable_sampler = false: torch's RandomSampler, one order for every
+// process (each pass covers each sample once), another each pass.
+TEST_F(DataParallel, TrainerRandomSamplerSharesEachPassOrder) {
+  struct Recording : mixprec::data::Dataset {
+    explicit Recording(mixprec::data::DatasetPtr inner) : inner(std::move(inner)) {}
+    size_t size() const override { return inner->size(); }
+    mixprec::data::Example get(size_t index) const override {
+      seen.push_back(static_cast<int64_t>(index));
+      return inner->get(index);
+    }
+    mixprec::data::DatasetPtr inner;
+    mutable std::vector<int64_t> seen;
+  };
+  torch::manual_seed(0);
+  auto data = std::make_shared<Recording>(pixels_dataset(16));
+  auto args = three_steps_args("mixprec_dp_random_");
+  args.max_steps = 4;  // two passes of 2 batches of 4 on each process
+  args.accelerator_config.use_seedable_sampler = false;
+  mixprec::Trainer trainer(small_classifier(), args, data);
+  trainer.train();
+  EXPECT_GE(data->seen.size(), 16u);
+  data->seen.resize(16, -1);  // the same shape on both processes, whatever happened
+  const auto seen = accelerator.gather(torch::tensor(data->seen)).view({2, 2, 8});
+  // Accelerate's: a generator seeded by the first draw after the seed, shared by the
+  // processes; RandomSampler's two randperms a pass, the first one the order.
+  torch::manual_seed(static_cast<uint64_t>(args.seed));
+  auto generator = at::make_generator<at::CPUGeneratorImpl>(
+      static_cast<uint64_t>(at::empty({1}, at::kLong).random_().item<int64_t>()));
+  for (int64_t pass = 0; pass < 2; ++pass) {
+    const auto order = at::randperm(16, generator, at::kLong);
+    at::randperm(16, generator, at::kLong);
+    for (int64_t rank = 0; rank < 2; ++rank)  // batches of 4 to the processes in turn
+      EXPECT_TRUE(
+          torch::equal(seen[rank][pass], torch::cat({order.slice(0, 4 * rank, 4 * rank + 4),
+                                                     order.slice(0, 8 + 4 * rank, 12 + 4 * rank)})))
+          << "pass " << pass << " rank " << rank << ": " << seen[rank][pass] << " order " << order;
+  }
+  EXPECT_FALSE(torch::equal(seen[0][0], seen[0][1]));
+  std::filesystem::remove_all(args.output_dir);
+}
+
+// use_seedable_sampler = false on 2 processes: a run resumed mid-epoch (the shared generator's
+// state at the pass's start) or at an epoch's end (its state then) ends as the uninterrupted one.
+TEST_F(DataParallel, TrainerRandomSamplerResumesInTheSameOrder) {
+  torch::manual_seed(0);
+  auto data = pixels_dataset(32);  // 4 steps an epoch: batches of 4 on each process
+  auto args = three_steps_args("mixprec_dp_random_resume_");
+  args.max_steps = 8;
+  args.save_strategy = "steps";
+  args.save_steps = 2;
+  args.accelerator_config.use_seedable_sampler = false;
+  auto train = [&](const std::string& output_dir, std::optional<std::string> checkpoint) {
+    torch::manual_seed(1 + static_cast<uint64_t>(checkpoint.has_value()));
+    auto model = small_classifier();
+    auto a = args;
+    a.output_dir = output_dir;
+    mixprec::Trainer(model, a, data).train(checkpoint);
+    return flat_params(*model);
+  };
+  const auto whole = train(args.output_dir, std::nullopt);
+  for (const char* checkpoint : {"checkpoint-4", "checkpoint-6"}) {
+    const auto resumed = train(args.output_dir + "_resumed",
+                               (std::filesystem::path(args.output_dir) / checkpoint).string());
+    EXPECT_TRUE(torch::equal(resumed, whole)) << checkpoint;
+  }
+  accelerator.wait_for_everyone();
+  if (accelerator.is_main_process()) {
+    std::filesystem::remove_all(args.output_dir);
+    std::filesystem::remove_all(args.output_dir + "_resumed");
+  }
 }
 
 // HF's accelerator_config.gradient_accumulation_kwargs.sync_each_batch: the micro-steps before
@@ -792,6 +926,30 @@ TEST_F(DataParallel, TriggerSyncInBackwardSyncsAnAccumulationStep) {
     accumulating.backward(loss);
   }
   expect_same_on_every_rank(accumulating, net->parameters()[0].grad());
+}
+
+// Accelerate's profile(): each process writes its own trace, and none returns before all did.
+TEST_F(DataParallel, ProfileWritesATracePerProcess) {
+  const auto dir = shared_temp_dir(accelerator, "mixprec_dp_profile_");
+  if (accelerator.is_main_process()) std::filesystem::remove_all(dir);
+  accelerator.wait_for_everyone();
+  const at::Tensor x = torch::ones({8, 8});
+  auto profiler = accelerator.profile(
+      [&](mixprec::accelerate::Profiler&) {
+        for (int64_t i = 0; i <= accelerator.process_index(); ++i) torch::mm(x, x);
+      },
+      mixprec::accelerate::ProfileKwargs{.activities = {"cpu"}, .output_trace_dir = dir.string()});
+  EXPECT_EQ(profiler.key_averages().at(0).count, accelerator.process_index() + 1);
+  for (int rank = 0; rank < 2; ++rank) {
+    std::ifstream in(dir / ("profile_" + std::to_string(rank) + ".json"));
+    const auto trace = nlohmann::json::parse(in);
+    int mm = 0;
+    for (const auto& event : trace["traceEvents"])
+      mm += event.value("name", "") == "aten::mm" && event.value("ph", "") == "X";
+    EXPECT_EQ(mm, rank + 1) << rank;
+  }
+  accelerator.wait_for_everyone();
+  if (accelerator.is_main_process()) std::filesystem::remove_all(dir);
 }
 
 // Accelerate's utilities beside gather, on 2 processes.

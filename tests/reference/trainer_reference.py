@@ -23,7 +23,8 @@ accumulated; 6 if it were 2), 6 for evaluation (batches of 3; 4 if it were train
 
 The HF Trainer draws the training order from Accelerate's SeedableRandomSampler
 (randperm seeded with seed + epoch), which is the order of mixprec's loader, so
-the two runs see the same batches.
+the two runs see the same batches. "random_sampler" (accelerator_config's use_seedable_sampler
+False) draws it from torch's RandomSampler, as mixprec's loader then does.
 
     python3 tests/reference/trainer_reference.py > tests/reference/data/trainer_reference.json
     python3 tests/reference/trainer_reference.py --check tests/reference/data/trainer_reference.json
@@ -91,6 +92,11 @@ CASES = [
     # And dampened momentum (Nesterov's needs none).
     {"name": "sgd_dampening", "bf16": False,
      "args": {"optim": "sgd", "learning_rate": 0.05, "optim_args": "momentum=0.9,dampening=0.5"}},
+    # accelerator_config's use_seedable_sampler = False: torch's RandomSampler, each epoch's
+    # order drawn from torch's global generator (after the DataLoader's base seed), which
+    # the evaluations between epochs draw from too.
+    {"name": "random_sampler", "bf16": False,
+     "args": {"accelerator_config": {"use_seedable_sampler": False}}},
     # save_only_model: the checkpoints hold the model and the Trainer's state only.
     {"name": "save_only_model", "bf16": False,
      "args": {"save_strategy": "steps", "save_steps": 18, "save_only_model": True}},

@@ -332,6 +332,14 @@ TEST(TrainerReference, SgdOptimArgsMatchTransformersTrainer) {
   });
 }
 
+// accelerator_config's use_seedable_sampler = false: each epoch's order from torch's global
+// generator, as torch's RandomSampler draws it (the evaluations between epochs draw from it too).
+TEST(TrainerReference, RandomSamplerMatchesTransformersTrainer) {
+  compare_with_hf("random_sampler", {1e-4, 0.0}, [](mixprec::TrainingArguments& a) {
+    a.accelerator_config.use_seedable_sampler = false;
+  });
+}
+
 // save_only_model: checkpoints of the model and the Trainer's state, nothing to resume the
 // optimizer, schedule or generators from, as HF's.
 TEST(TrainerReference, SaveOnlyModelCheckpointsHoldWhatTransformersTrainersDo) {

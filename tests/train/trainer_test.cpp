@@ -412,6 +412,60 @@ TEST_F(TrainerTest, ResumeFromCheckpointMatchesAnUninterruptedRun) {
   }
 }
 
+// use_seedable_sampler = false: an epoch resumed mid-way goes on in the order torch's generator
+// drew for it, and after an epoch's end the next draws on as the uninterrupted run's did.
+// A checkpoint that records no order (save_only_model's) draws it afresh, as HF's, and says so.
+TEST_F(TrainerTest, ResumeWithTheRandomSamplerMatchesAnUninterruptedRun) {
+  auto a = args("random_whole");
+  a.accelerator_config.use_seedable_sampler = false;
+  a.save_strategy = "steps";
+  a.save_steps = 5;  // 10 batches an epoch: mid-epoch and at its end in turn
+  torch::manual_seed(0);
+  Classifier whole;
+  Trainer(whole, a, train_, eval_, accuracy).train();
+  auto seedable = a;
+  seedable.accelerator_config.use_seedable_sampler = true;
+  seedable.output_dir = (dir_ / "random_seedable").string();
+  torch::manual_seed(0);
+  Classifier by_seed;
+  Trainer(by_seed, seedable, train_, eval_, accuracy).train();
+  EXPECT_FALSE(torch::equal(flat_params(*by_seed), flat_params(*whole)));  // other orders
+
+  for (const char* checkpoint : {"checkpoint-15", "checkpoint-20"}) {
+    SCOPED_TRACE(checkpoint);
+    torch::manual_seed(5);
+    Classifier resumed;
+    auto b = a;
+    b.output_dir = (dir_ / (std::string("random_") + checkpoint)).string();
+    const auto out = Trainer(resumed, b, train_, eval_, accuracy)
+                         .train((fs::path(a.output_dir) / checkpoint).string());
+    EXPECT_EQ(out.global_step, 40);
+    EXPECT_TRUE(torch::equal(flat_params(*resumed), flat_params(*whole)))
+        << (flat_params(*resumed) - flat_params(*whole)).abs().max().item<double>();
+  }
+
+  auto only_model = a;
+  only_model.save_only_model = true;
+  only_model.output_dir = (dir_ / "random_only_model").string();
+  torch::manual_seed(0);
+  Classifier first;
+  Trainer(first, only_model, train_, eval_, accuracy).train();
+  mixprec::testing::CapturedWarnings warnings;
+  Classifier resumed;
+  auto b = only_model;
+  b.output_dir = (dir_ / "random_only_model_resumed").string();
+  const auto checkpoint = fs::path(only_model.output_dir) / "checkpoint-15";
+  EXPECT_EQ(Trainer(resumed, b, train_, eval_, accuracy).train(checkpoint.string()).global_step,
+            40);
+  EXPECT_NE(std::find(warnings.messages.begin(), warnings.messages.end(),
+                      "Trainer: " + checkpoint.string() +
+                          " records no shuffled order for its epoch (use_seedable_sampler = "
+                          "false); the epoch's order is drawn afresh and its first 5 batches "
+                          "skipped"),
+            warnings.messages.end())
+      << c10::Join("\n", warnings.messages);
+}
+
 TEST_F(TrainerTest, RotationKeepsTheBestAndLoadsItAtTheEnd) {
   auto a = args("best");
   a.num_train_epochs = 5;

@@ -341,15 +341,16 @@ TEST(TrainingArguments, AcceleratorConfig) {
             }),
             "TrainingArguments: accelerator_config's even_batches = false is not supported by "
             "mixprec's Trainer, only true (HF's default)");
-  for (const char* field :
-       {"split_batches", "dispatch_batches", "use_seedable_sampler", "use_configured_state"}) {
-    const bool value = std::string(field) != "use_seedable_sampler";
-    EXPECT_NE(
-        error_of([&] {
-          TrainingArguments::from_json(std::string(R"({"accelerator_config": {")") + field +
-                                       "\": " + (value ? "true" : "false") + "}}");
-        }).find(std::string(field) + " = " + (value ? "true" : "false") + " is not supported"),
-        std::string::npos)
+  const auto taken = TrainingArguments::from_json(
+      R"({"accelerator_config": {"split_batches": true, "use_seedable_sampler": false}})");
+  EXPECT_TRUE(taken.accelerator_config.split_batches);
+  EXPECT_FALSE(taken.accelerator_config.use_seedable_sampler);
+  for (const char* field : {"dispatch_batches", "use_configured_state"}) {
+    EXPECT_NE(error_of([&] {
+                TrainingArguments::from_json(std::string(R"({"accelerator_config": {")") + field +
+                                             "\": true}}");
+              }).find(std::string(field) + " = true is not supported"),
+              std::string::npos)
         << field;
   }
   EXPECT_NE(error_of([] {

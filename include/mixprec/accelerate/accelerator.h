@@ -1,5 +1,6 @@
 #pragma once
 
+#include "mixprec/accelerate/profiler.h"
 #include "mixprec/amp/autocast.h"
 #include "mixprec/amp/grad_scaler.h"
 #include "mixprec/data/dataloader.h"
@@ -93,6 +94,12 @@ struct AcceleratorOptions {
   /// initial seed (SeedableRandomSampler; the HF Trainer's default).
   bool use_seedable_sampler = false;
   std::optional<uint64_t> data_seed = std::nullopt;
+  /// Data parallel: the generators every prepared loader's pass sets, as it starts, to the
+  /// main process's state (Accelerate's rng_types): "torch" (torch's CPU generator, so that
+  /// dropout and the like draw alike on every process), "cuda" (this process's GPU's) and
+  /// "generator" (a shuffle generator given in the loader's options; one prepare_data_loader
+  /// makes is seeded alike on every process whatever this says).
+  std::vector<std::string> rng_types = {"generator"};
   /// Data parallel (under torchrun): DDP's options (Accelerate's DistributedDataParallelKwargs):
   /// bucket size, find_unused_parameters, broadcast_buffers, and the dtype gradients are
   /// all-reduced in (`{.compression = dist::GradientCompression::kBf16}`).
@@ -114,6 +121,8 @@ struct AcceleratorOptions {
   /// Watches the numerics of the first prepared model (a mixprec extra, off
   /// by default): its figures go to the trackers at the inspected steps.
   std::optional<log::NumericsMonitorOptions> numerics_monitor = std::nullopt;
+  /// profile()'s options when it is given none (Accelerate's ProfileKwargs handler).
+  std::optional<ProfileKwargs> profile = std::nullopt;
 };
 
 /// Accelerate's GradientState: whether this micro-step syncs (steps the
@@ -580,6 +589,14 @@ class Accelerator {
   }
   /// A barrier across the processes.
   void wait_for_everyone() const;
+  /// Accelerate's profile(): runs `body` under a Profiler of `kwargs` (else the options'
+  /// `profile`, else the defaults: every step recorded), then stops it and, with
+  /// output_trace_dir, writes its last trace there as profile_{process_index}.json and waits
+  /// for every process. Returns the stopped profiler, for key_averages() and table(). If body
+  /// throws, the profiler stops (on_trace_ready runs, as on torch's `__exit__`) and the error
+  /// goes on, nothing written.
+  Profiler profile(const std::function<void(Profiler&)>& body,
+                   std::optional<ProfileKwargs> kwargs = std::nullopt);
   /// Guard of main_process_first(): a process that goes first waits for the others when
   /// the guard ends; the others wait for it when the guard begins.
   class GoesFirstGuard {
