@@ -343,11 +343,22 @@ std::string Profiler::table(const std::string& sort_by, int64_t row_limit) const
   double self_total = 0;
   for (const auto& r : rows) self_total += r.self_cpu_time_total;
   const bool memory = kwargs_.profile_memory;
+  // torch's last column with with_flops: each row's flops, in the unit of the smallest.
+  int64_t min_flops = 0;
+  for (const auto& r : rows)
+    if (r.flops > 0 && (min_flops == 0 || r.flops < min_flops)) min_flops = r.flops;
+  const bool flops = kwargs_.with_flops && min_flops > 0;
+  const char* const flop_units[] = {"FLOPs", "KFLOPs", "MFLOPs", "GFLOPs", "TFLOPs", "PFLOPs"};
+  const int flop_unit =
+      flops ? static_cast<int>(std::clamp(std::log10(static_cast<double>(min_flops)) / 3, 0.0, 5.0))
+            : 0;
   std::string out = "| Name | Self CPU % | Self CPU | CPU total % | CPU total | CPU time avg |";
   out += memory ? " CPU Mem | Self CPU Mem |" : "";
-  out += " # of Calls |\n|---|---|---|---|---|---|";
+  out += " # of Calls |";
+  out += flops ? std::string(" Total ") + flop_units[flop_unit] + " |" : "";
+  out += "\n|---|---|---|---|---|---|";
   out += memory ? "---|---|" : "";
-  out += "---|\n";
+  out += flops ? "---|---|\n" : "---|\n";
   for (size_t i = 0; i < rows.size() && (row_limit < 0 || static_cast<int64_t>(i) < row_limit);
        ++i) {
     const auto& r = rows[i];
@@ -358,7 +369,15 @@ std::string Profiler::table(const std::string& sort_by, int64_t row_limit) const
     if (memory)
       out += format_memory(r.cpu_memory_usage) + " | " + format_memory(r.self_cpu_memory_usage) +
              " | ";
-    out += std::to_string(r.count) + " |\n";
+    out += std::to_string(r.count) + " |";
+    if (flops) {
+      char text[32] = "--";
+      if (r.flops > 0)
+        std::snprintf(text, sizeof text, "%.3f",
+                      static_cast<double>(r.flops) * std::pow(10.0, -3.0 * flop_unit));
+      out += std::string(" ") + text + " |";
+    }
+    out += "\n";
   }
   return out + "Self CPU time total: " + format_time(self_total) + "\n";
 }

@@ -185,6 +185,11 @@ TEST(Profiler, CountsFlopsWithEveryOptionOn) {
   EXPECT_EQ(mm->count, 2);
   EXPECT_EQ(mm->flops, 2 * 2 * 16 * 16 * 16);
   EXPECT_EQ(mm->cpu_memory_usage, 2 * 16 * 16 * 4);
+  // torch's flops column: in the unit of the smallest count (16384: KFLOPs), "--" for none.
+  const std::string table = profiler.table("count");
+  EXPECT_NE(table.find(" | # of Calls | Total KFLOPs |\n"), std::string::npos) << table;
+  EXPECT_NE(table.find(" | 2 | 16.384 |\n"), std::string::npos) << table;
+  EXPECT_NE(table.find(" | 6 | -- |\n"), std::string::npos) << table;  // resolve_conj
 }
 
 // Accelerate's profile(): the options' kwargs when none are given, a Chrome trace per process.

@@ -97,10 +97,11 @@ class Profiler {
   /// "[memory]"), nesting and self times; in the order names first appear. (torch also
   /// keeps user annotations apart from ops of the same name.)
   std::vector<FunctionEventAvg> key_averages() const;
-  /// key_averages() as a Markdown table of torch's table() CPU columns (not its flops or
-  /// device ones), sorted by `sort_by` ("self_cpu_time_total", "cpu_time_total", "count",
-  /// "cpu_memory_usage" or "self_cpu_memory_usage"; torch's default leaves them unsorted),
-  /// largest first, at most row_limit rows (< 0: all).
+  /// key_averages() as a Markdown table of torch's table() CPU columns (and with with_flops
+  /// its flops, in the unit of the smallest; not its device ones), sorted by `sort_by`
+  /// ("self_cpu_time_total", "cpu_time_total", "count", "cpu_memory_usage" or
+  /// "self_cpu_memory_usage"; torch's default leaves them unsorted), largest first, at most
+  /// row_limit rows (< 0: all).
   std::string table(const std::string& sort_by = "self_cpu_time_total",
                     int64_t row_limit = 100) const;
   /// The last trace in Chrome's JSON format, written atomically (a temporary file, renamed).
