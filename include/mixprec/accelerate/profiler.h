@@ -8,7 +8,7 @@
 #include <vector>
 
 namespace at {
-class RecordFunction;
+struct RecordFunction;
 }  // namespace at
 namespace torch::autograd::profiler {
 struct ProfilerResult;
