@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
+#include <optional>
 
 #include "kernels/isa.h"
 #include "models/kernels/attention_softmax.h"
@@ -16,12 +17,11 @@
 namespace mixprec::models {
 
 // Whether LibTorch's bf16 brgemm (oneDNN's ukernel) runs here with B in the VNNI-2 layout that
-// the kernels pack: tried once on a 2x2x2 product. Not on AMX CPUs, where LibTorch first packs
-// B with oneDNN's own transform (and kAuto picks the flash kernels anyway), nor with oneDNN off.
+// the kernels pack (oneDNN's "pack32", which its AMX kernels read too): tried once on a 2x2x2
+// product. Not with oneDNN off.
 bool kernels::bf16_brgemm_runs() {
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
   static const bool runs = [] {
-    if (mixprec::kernels::cpu_has_amx_bf16()) return false;
     const at::BFloat16 a[4] = {1, 2, 3, 4};  // (1 2; 3 4)
     const at::BFloat16 b[4] = {5, 6, 7, 8};  // (5 7; 6 8), pairs along K
     float c[4] = {};
@@ -180,16 +180,15 @@ AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tenso
   if (!query.is_cpu() || !(sixteen_bit || dtype == at::kFloat)) return AttentionKernel::kFlash;
   // The tables in attention.h.
   const int64_t T = std::max(query.size(-2), key.size(-2));
-  if (mixprec::kernels::cpu_has_amx_bf16()) {
-    if (!sixteen_bit) return AttentionKernel::kFlash;
-    return dtype == at::kHalf || T <= 128 ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash;
-  }
   if (matmul_supported(query, key, dropout_p) &&
       (T <= 128 ||
        (dtype == at::kBFloat16 && T <= (bf16_kernels_run(query, key, value) ? 512 : 256))))
     return AttentionKernel::kMatmul;
   if (dtype == at::kFloat) return AttentionKernel::kFlash;
-  return dtype == at::kHalf || T <= 256 ? AttentionKernel::kFlashFp32 : AttentionKernel::kFlash;
+  // With AMX-BF16, LibTorch's bf16 flash kernel overtakes fp32's above T = 128.
+  const int64_t bf16_in_fp32_up_to = mixprec::kernels::cpu_has_amx_bf16() ? 128 : 256;
+  return dtype == at::kHalf || T <= bf16_in_fp32_up_to ? AttentionKernel::kFlashFp32
+                                                       : AttentionKernel::kFlash;
 }
 
 at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key,
@@ -214,9 +213,14 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
                                               is_causal)
           .to(query.scalar_type());
     }
-    default:
+    default: {
+      // On the CPU, fp32 inputs are fp32 work under autocast too, whichever kernel the rule
+      // picks; elsewhere autocast applies, as to LibTorch's SDPA.
+      std::optional<c10::impl::ExcludeDispatchKeyGuard> no_autocast;
+      if (query.is_cpu()) no_autocast.emplace(c10::autocast_dispatch_keyset);
       return at::scaled_dot_product_attention(query, key, value, /*attn_mask=*/{}, dropout_p,
                                               is_causal);
+    }
   }
 }
 

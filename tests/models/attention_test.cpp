@@ -335,7 +335,7 @@ TEST(Attention, AutoRunsTheKernelTheRuleNamesAndAutocastDoesNotRecastFp32Work) {
   torch::manual_seed(0);
   using mixprec::models::choose_attention_kernel;
   const bool amx = mixprec::kernels::cpu_has_amx_bf16();
-  const bool matmul = kernels_built() && !amx;
+  const bool matmul = kernels_built();
   const bool brgemm = matmul && mixprec::models::kernels::bf16_brgemm_runs();
   auto short_bf16 = qkv(128, torch::kBFloat16), mid_bf16 = qkv(160, torch::kBFloat16);
   auto long_bf16 = qkv(320, torch::kBFloat16), longer_bf16 = qkv(600, torch::kBFloat16);
@@ -349,6 +349,9 @@ TEST(Attention, AutoRunsTheKernelTheRuleNamesAndAutocastDoesNotRecastFp32Work) {
   EXPECT_EQ(rule(mid_bf16), matmul ? AttentionKernel::kMatmul
                             : amx  ? AttentionKernel::kFlash
                                    : AttentionKernel::kFlashFp32);
+  // With dropout, which kMatmul does not take: bf16 in fp32 up to T = 256, or 128 with AMX.
+  EXPECT_EQ(choose_attention_kernel(mid_bf16[0], mid_bf16[1], mid_bf16[2], 0.1),
+            amx ? AttentionKernel::kFlash : AttentionKernel::kFlashFp32);
   EXPECT_EQ(rule(long_bf16), brgemm ? AttentionKernel::kMatmul : AttentionKernel::kFlash);
   EXPECT_EQ(rule(longer_bf16), AttentionKernel::kFlash);
   EXPECT_EQ(rule(mid_fp16), AttentionKernel::kFlashFp32);

@@ -18,7 +18,7 @@ enum class AttentionKernel {
 /// and their gradient in fp32 (GEMMs on the exact up-casts, as the flash kernels accumulate
 /// them), rounds the probabilities to bf16 for the GEMMs with them as LibTorch's bf16 kernel
 /// does, and runs fp16 inputs in fp32 throughout. For bf16, where oneDNN's bf16 brgemm runs
-/// without AMX (head dims and keys even, no broadcast batch dims), all six GEMMs are brgemm's
+/// (head dims and keys even, no broadcast batch dims; on AMX too), all six GEMMs are brgemm's
 /// fp32 sums of the exact products, 32 rows at a time and only the blocks a causal mask keeps
 /// (about half).
 /// Tested against fp64 (attention_test.cpp): for bf16, the output within 1.5x the error of
@@ -30,14 +30,15 @@ enum class AttentionKernel {
 /// for short sequences only.
 ///
 /// kAuto's rule comes from forward + backward timings (ms, causal, 2 threads, LibTorch 2.13;
-/// `build/bench/attention_bench --reps 11`). On the Xeon with AMX-BF16 this project ran on
-/// first (flash kernels only; the matmul one came later and was not timed there):
+/// `build/bench/attention_bench --reps 11`). On an Intel Xeon with AMX-BF16 and AVX512-FP16
+/// (the code of this rule, one run), flash / flash on fp32 / matmul; bf16 matmul runs its
+/// GEMMs on brgemm, as on the EPYC below:
 ///
-///   (B, heads, T, head dim)   bf16   fp32 on bf16   fp16   fp32 on fp16
-///   (8, 4, 128, 32)           5.1    1.7            5.7    2.0
-///   (8, 8, 256, 64)           16.1   20.0           23.7   18.3
-///   (8, 8, 512, 64)           44.3   69.9           86.5   70.6
-///   (4, 12, 1024, 64)         87.7   151.8          148.5  138.4
+///   (B, heads, T, head dim)   fp32                 bf16                fp16
+///   (8, 4, 128, 32)           1.7 / 1.5 / 1.1      5.2 / 1.7 / 0.6     5.6 / 1.5 / 1.3
+///   (8, 8, 256, 64)           20.0 / 18.2 / 12.7   16.4 / 18.8 / 5.5   25.6 / 19.5 / 15.0
+///   (8, 8, 512, 64)           68.7 / 68.5 / 115    47.7 / 78.5 / 34.5  84.1 / 75.3 / 120
+///   (4, 12, 1024, 64)         140 / 143 / 325      94.1 / 148 / 93.0   157 / 148 / 330
 ///
 /// On an AMD EPYC without AMX (AVX512-BF16), flash / flash on fp32 / matmul. The Zen 4 these
 /// figures come from (the code of `e8b0985`, one run) is noisy: fp32 flash and "flash on
@@ -53,16 +54,16 @@ enum class AttentionKernel {
 ///
 /// (fp32 at T = 256 stays on flash: the matmul kernel's 16% on the Zen 5 did not show in the
 /// large GPT-2 fp32 step, 1.002x in 5 interleaved pairs, it is 24% slower in the run above,
-/// and it keeps the (B, heads, T, T) fp32 probabilities: 16 MB a layer there. bf16 at T = 1024
-/// stays on flash too, though matmul is 1.45-1.6x faster: its probabilities would be 96 MB a
-/// layer.)
+/// and it keeps the (B, heads, T, T) fp32 probabilities: 16 MB a layer there. On the Xeon it
+/// is faster, but the large GPT-2 fp32 step gained 0-5% in 3 pairs for 22% more peak RSS.
+/// bf16 at T = 1024 stays on flash too, though matmul is 1.45-1.6x faster on the EPYC: its
+/// probabilities would be 96 MB a layer.)
 ///
-/// So, with AMX-BF16 (LibTorch's bf16 kernels run on it): fp32 as is, fp16 in fp32, bf16 in
-/// fp32 up to T = 128 and natively above. Without: kMatmul up to T = 128 in every dtype and in
-/// bf16 up to 512 with brgemm, 256 without; above that fp32 and bf16 as is, fp16 in fp32 (and
-/// bf16 in fp32 up to 256 where kMatmul cannot run, e.g. with dropout). T is the longer of
-/// queries and keys. Under
-/// autocast the kernels run with autocast off, so fp32 work is not cast back to 16 bits.
+/// So: kMatmul up to T = 128 in every dtype and in bf16 up to 512 with brgemm, 256 without;
+/// above that fp32 and bf16 as is, fp16 in fp32 (and where kMatmul cannot run, e.g. with
+/// dropout, bf16 in fp32 up to 256, or 128 with AMX-BF16, where LibTorch's bf16 flash kernel is
+/// the faster above). T is the longer of queries and keys. On the CPU, the kernels run with
+/// autocast off, so fp32 work is not cast back to 16 bits.
 at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key,
                                         const at::Tensor& value, double dropout_p, bool is_causal,
                                         AttentionKernel kernel = AttentionKernel::kAuto);
