@@ -87,6 +87,16 @@ inline std::string error_of(const std::function<void()>& f) {
   return "<no error>";
 }
 
+/// How many complete ("X") events named `name` a Chrome trace file holds.
+inline int trace_events_named(const std::filesystem::path& file, const std::string& name) {
+  std::ifstream in(file);
+  const auto trace = nlohmann::json::parse(in);
+  int count = 0;
+  for (const auto& event : trace.at("traceEvents"))
+    count += event.value("name", "") == name && event.value("ph", "") == "X";
+  return count;
+}
+
 /// The names of the LibTorch ops (RecordFunction's FUNCTION scope) that f runs on this thread,
 /// in order.
 inline std::vector<std::string> ops_run_by(const std::function<void()>& f) {

@@ -138,15 +138,22 @@ AcceleratedScheduler Accelerator::prepare_one(optim::LRScheduler& scheduler) {
 PreparedDataLoader Accelerator::prepare_data_loader(data::DatasetPtr dataset,
                                                     data::DataLoaderOptions options,
                                                     data::CollateFn collate) {
+  auto loader = std::make_shared<data::DataLoader>(
+      std::move(dataset), prepared_loader_options(std::move(options)), std::move(collate));
+  shared_->loaders.push_back(loader);
+  return PreparedDataLoader(loader, shared_);
+}
+
+data::DataLoaderOptions Accelerator::prepared_loader_options(data::DataLoaderOptions options) {
   options.num_replicas = static_cast<size_t>(num_processes());
   options.rank = static_cast<size_t>(process_index());
   options.sharding = data::Sharding::kBatchSamplerShard;
   if (shared_->options.split_batches) {
     // Step k then sees batch k of the one-process loader, in contiguous slices, as in Accelerate.
     TORCH_CHECK(options.batch_size % options.num_replicas == 0,
-                "Accelerator::prepare_data_loader: with split_batches, batch_size must be a "
-                "multiple of the number of processes; got batch_size ",
-                options.batch_size, " for ", options.num_replicas, " processes");
+                "Accelerator: to use a DataLoader in split_batches mode, the batch size (",
+                options.batch_size, ") needs to be a round multiple of the number of processes (",
+                options.num_replicas, ").");
     options.batch_size /= options.num_replicas;
   }
   // The main process's seeds, so that the processes shuffle alike.
@@ -170,9 +177,7 @@ PreparedDataLoader Accelerator::prepare_data_loader(data::DatasetPtr dataset,
             main_process_seed(at::empty({}, at::kLong).random_().item<int64_t>()));
     }
   }
-  auto loader = std::make_shared<data::DataLoader>(std::move(dataset), options, std::move(collate));
-  shared_->loaders.push_back(loader);
-  return PreparedDataLoader(loader, shared_);
+  return options;
 }
 
 PreparedDataLoader::PreparedDataLoader(std::shared_ptr<data::DataLoader> loader,

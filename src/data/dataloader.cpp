@@ -390,13 +390,16 @@ size_t DataLoader::num_padding_samples() const {
   return padding;
 }
 
-DataLoaderState DataLoader::state() const {
-  DataLoaderState state{epoch_, batches_yielded_};
+DataLoaderState DataLoader::state() const { return state_at(epoch_, batches_yielded_); }
+
+DataLoaderState DataLoader::state_at(int64_t epoch, int64_t batches_yielded) const {
+  DataLoaderState state{epoch, batches_yielded};
   if (!random_sampler()) return state;
-  const bool mid_pass = batches_yielded_ > 0 && !resume_;
+  // Before the pass that load_state set begins, the generator holds that pass's start.
+  const bool in_last_pass = batches_yielded > 0 && !resume_;
   if (options_.generator) {
-    state.generator_state = mid_pass ? pass_start_state_ : state_bytes(*options_.generator);
-  } else if (batches_yielded_ > 0) {
+    state.generator_state = in_last_pass ? pass_start_state_ : state_bytes(*options_.generator);
+  } else if (batches_yielded > 0) {
     state.pass_seed = pass_seed_;
   }
   return state;

@@ -9,7 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <exception>
-#include <optional>
+#include <vector>
 
 #include "kernels/isa.h"
 #include "models/kernels/attention_softmax.h"
@@ -17,21 +17,32 @@
 namespace mixprec::models {
 
 // Whether LibTorch's bf16 brgemm (oneDNN's ukernel) runs here with B in the VNNI-2 layout that
-// the kernels pack (oneDNN's "pack32", which its AMX kernels read too): tried once on a 2x2x2
-// product. Not with oneDNN off.
+// the kernels pack, (K/2, ld_b, 2), ld_b wider than N as theirs can be: tried once, against a
+// loop, on a product larger than an AMX tile (16 x 16 of C, 32 deep) and a 64-column block
+// (small integers, so exact). Not with oneDNN off.
 bool kernels::bf16_brgemm_runs() {
 #ifdef CPUBLAS_BRGEMM_BF16BF16F32
   static const bool runs = [] {
-    const at::BFloat16 a[4] = {1, 2, 3, 4};  // (1 2; 3 4)
-    const at::BFloat16 b[4] = {5, 6, 7, 8};  // (5 7; 6 8), pairs along K
-    float c[4] = {};
+    constexpr int64_t M = 40, N = 72, K = 36, ld_a = K, ld_b = 80, ld_c = N + 4;
+    std::vector<at::BFloat16> a(M * ld_a), b(K / 2 * ld_b * 2);
+    std::vector<float> want(M * ld_c), got(M * ld_c);
+    auto b_at = [](int64_t k, int64_t n) { return static_cast<float>((k * 7 + n * 3) % 9 - 4); };
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t k = 0; k < K; ++k) a[m * ld_a + k] = static_cast<float>((m * 5 + k) % 7 - 3);
+    for (int64_t k = 0; k < K; ++k)
+      for (int64_t n = 0; n < N; ++n) b[(k / 2 * ld_b + n) * 2 + k % 2] = b_at(k, n);
+    for (int64_t m = 0; m < M; ++m)
+      for (int64_t n = 0; n < N; ++n)
+        for (int64_t k = 0; k < K; ++k)
+          want[m * ld_c + n] += static_cast<float>(a[m * ld_a + k]) * b_at(k, n);
     try {
-      at::native::cpublas::brgemm(2, 2, 2, 2, 2, 2, false, a, b, c, /*is_vnni=*/true);
+      at::native::cpublas::brgemm(M, N, K, ld_a, ld_b, ld_c, false, a.data(), b.data(), got.data(),
+                                  /*is_vnni=*/true);
       at::native::cpublas::brgemm_release(/*is_vnni=*/true);
     } catch (const std::exception&) {  // c10::Error, or oneDNN's own
       return false;
     }
-    return c[0] == 17 && c[1] == 23 && c[2] == 39 && c[3] == 53;
+    return got == want;
   }();
   return runs && at::globalContext().userEnabledMkldnn();
 #else
@@ -213,14 +224,9 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
                                               is_causal)
           .to(query.scalar_type());
     }
-    default: {
-      // On the CPU, fp32 inputs are fp32 work under autocast too, whichever kernel the rule
-      // picks; elsewhere autocast applies, as to LibTorch's SDPA.
-      std::optional<c10::impl::ExcludeDispatchKeyGuard> no_autocast;
-      if (query.is_cpu()) no_autocast.emplace(c10::autocast_dispatch_keyset);
+    default:
       return at::scaled_dot_product_attention(query, key, value, /*attn_mask=*/{}, dropout_p,
                                               is_causal);
-    }
   }
 }
 

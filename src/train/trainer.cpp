@@ -10,7 +10,6 @@
 #include "memory_tracker.h"
 
 #include <ATen/ATen.h>
-#include <ATen/CPUGeneratorImpl.h>
 #include <c10/util/Exception.h>
 #include <c10/util/StringUtil.h>
 #include <torch/cuda.h>
@@ -26,7 +25,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <mutex>
 #include <regex>
 #include <set>
 #include <span>
@@ -129,24 +127,13 @@ int64_t global_batch_of(const TrainingArguments& args, const accelerate::Acceler
   return args.accelerator_config.split_batches ? batch_size : batch_size * acc.num_processes();
 }
 
-// The Trainer's loaders, in order (train() shuffles its own): each process takes its batches
-// of every num_processes, as Accelerate's BatchSamplerShard shares them; with split_batches,
-// a batch of `batch_size` is cut among the processes (the same batches, as Accelerate's).
-data::DataLoaderOptions loader_options_of(const TrainingArguments& args,
-                                          const accelerate::Accelerator& acc, int64_t batch_size) {
-  if (args.accelerator_config.split_batches) {
-    TORCH_CHECK(batch_size % acc.num_processes() == 0,
-                "Trainer: to use a DataLoader in split_batches mode, the batch size (", batch_size,
-                ") needs to be a round multiple of the number of processes (", acc.num_processes(),
-                ").");
-    batch_size /= acc.num_processes();
-  }
+// The options of the Trainer's loaders from HF's dataloader_* arguments. The Accelerator's
+// prepared_loader_options then shards them as Accelerate's BatchSamplerShard (with
+// split_batches, each batch cut among the processes) and shuffles as Accelerate.
+data::DataLoaderOptions loader_options_of(const TrainingArguments& args, int64_t batch_size) {
   data::DataLoaderOptions options{.batch_size = static_cast<size_t>(batch_size),
                                   .drop_last = args.dataloader_drop_last,
-                                  .num_workers = static_cast<size_t>(args.dataloader_num_workers),
-                                  .num_replicas = static_cast<size_t>(acc.num_processes()),
-                                  .rank = static_cast<size_t>(acc.process_index()),
-                                  .sharding = data::Sharding::kBatchSamplerShard};
+                                  .num_workers = static_cast<size_t>(args.dataloader_num_workers)};
   if (args.dataloader_prefetch_factor)
     options.prefetch_factor = static_cast<size_t>(*args.dataloader_prefetch_factor);
   return options;
@@ -198,30 +185,6 @@ void group_by_length(data::DataLoaderOptions& options, const TrainingArguments& 
   options.seed = static_cast<uint64_t>(args.data_seed.value_or(args.seed));
   options.group_by_length =
       data::LengthGrouping{std::move(lengths), static_cast<size_t>(batch_size)};
-}
-
-// The train loader's position for a checkpoint, with what a RandomSampler's order goes on
-// from (use_seedable_sampler = false): within an epoch, the pass's seed or its generator's
-// state when the pass began (from `pass`, the loader's state read as it began: the loader
-// forgets them once the pass is read to its end); between epochs, the generator's state now.
-data::DataLoaderState loader_position(const data::DataLoader& loader,
-                                      const data::DataLoaderState& pass, int64_t epoch,
-                                      int64_t batches_yielded) {
-  data::DataLoaderState position{epoch, batches_yielded};
-  const auto& options = loader.options();
-  if (!options.shuffle || options.shuffle_order != data::ShuffleOrder::kRandomSampler)
-    return position;
-  if (batches_yielded > 0) {
-    position.pass_seed = pass.pass_seed;
-    position.generator_state = pass.generator_state;
-  } else if (options.generator) {
-    at::Generator generator = *options.generator;
-    std::lock_guard<std::mutex> lock(generator.mutex());
-    const at::Tensor state = generator.get_state();
-    position.generator_state = {state.data_ptr<uint8_t>(),
-                                state.data_ptr<uint8_t>() + state.numel()};
-  }
-  return position;
 }
 
 // Concatenates along dim 0, padding the other dims with -100 where they
@@ -687,20 +650,12 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     enable_full_determinism(static_cast<uint64_t>(args_.seed));
   else
     accelerate::set_seed(static_cast<uint64_t>(args_.seed));
-  auto loader_options = loader_options_of(args_, acc, batch_size);
+  auto loader_options = loader_options_of(args_, batch_size);
+  // As Accelerate shuffles (the Accelerator's options carry accelerator_config's): with
+  // use_seedable_sampler, by data_seed, else seed; else HF's RandomSampler, which Accelerate
+  // keeps, each pass's order drawn from torch's generator, or in data parallel from one seeded
+  // by the main process's draw.
   loader_options.shuffle = args_.train_sampling_strategy == "random";
-  if (args_.accelerator_config.use_seedable_sampler) {
-    loader_options.seed = static_cast<uint64_t>(args_.data_seed.value_or(args_.seed));
-  } else if (loader_options.shuffle) {
-    // HF's RandomSampler, which Accelerate keeps: each pass's order drawn from torch's
-    // generator, or in data parallel from one seeded by the main process's draw.
-    loader_options.shuffle_order = data::ShuffleOrder::kRandomSampler;
-    if (acc.num_processes() > 1) {
-      const at::Tensor draw = at::empty({1}, at::kLong).random_();
-      loader_options.generator = at::make_generator<at::CPUGeneratorImpl>(
-          static_cast<uint64_t>(acc.gather(draw)[0].item<int64_t>()));
-    }
-  }
   // As HF's: a megabatch is a multiple of the accumulation window's samples. (HF's
   // LengthGroupedSampler draws its order from torch's generator; mixprec's from the seed and
   // the epoch, as Accelerate's seedable sampler does the "random" order, so that a resumed
@@ -708,6 +663,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
   if (args_.train_sampling_strategy == "group_by_length")
     group_by_length(loader_options, args_, *impl.train_dataset, impl.main_input_name,
                     batch_size * args_.gradient_accumulation_steps);
+  loader_options = acc.prepared_loader_options(std::move(loader_options));
   data::DataLoader loader(impl.train_dataset, loader_options, impl.collate);
   const int64_t batches_per_epoch = static_cast<int64_t>(loader.size());
   TORCH_CHECK(batches_per_epoch > 0, "Trainer: the train dataset gives no batch of ", batch_size,
@@ -846,15 +802,14 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     // records none (save_only_model's, or one saved with the seedable sampler) draws it afresh,
     // as HF's does every time, and skips the batches done.
     auto& resumed = position.state;
-    if (loader_options.shuffle &&
-        loader_options.shuffle_order == data::ShuffleOrder::kRandomSampler &&
-        resumed.batches_yielded > 0 && !resumed.pass_seed && !resumed.generator_state) {
+    if (loader.random_sampler() && resumed.batches_yielded > 0 && !resumed.pass_seed &&
+        !resumed.generator_state) {
       MIXPREC_WARN("Trainer: ", dir.string(),
                    " records no shuffled order for its epoch (use_seedable_sampler = false); the "
                    "epoch's order is drawn afresh and its first ",
                    resumed.batches_yielded, " batches skipped");
       const int64_t done = resumed.batches_yielded;
-      resumed = loader_position(loader, {}, resumed.epoch, 0);
+      resumed = loader.state_at(resumed.epoch, 0);
       if (!resumed.generator_state)
         resumed.pass_seed =
             static_cast<uint64_t>(at::empty({}, at::kLong).random_().item<int64_t>());
@@ -1023,7 +978,6 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     size_t next_in_window = 0;
     std::optional<int64_t> num_items_in_batch;
     auto it = loader.begin();
-    const data::DataLoaderState pass = loader.state();  // read before the pass is over
     for (; next_in_window < window_batches.size() || it != loader.end();) {
       if (step_in_epoch % args_.gradient_accumulation_steps == 0)
         impl.call(args_, state_,
@@ -1104,7 +1058,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
         ++state_.global_step;
         state_.epoch = static_cast<double>(epoch) +
                        static_cast<double>(step_in_epoch) / static_cast<double>(batches_per_epoch);
-        position.state = loader_position(loader, pass, epoch, step_in_epoch);
+        position.state = loader.state_at(epoch, step_in_epoch);
         progress.update();
         // HF's DefaultFlowCallback: what this step does by the strategies.
         auto& c = impl.control;
@@ -1156,7 +1110,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     if (stopped_by) break;
     // Stopped by max_steps before the epoch's end, a resumed run goes on from this step.
     if (!impl.control.should_training_stop || step_in_epoch == batches_per_epoch)
-      position.state = loader_position(loader, {}, epoch + 1, 0);
+      position.state = loader.state_at(epoch + 1, 0);
     auto& c = impl.control;
     c.should_log |= args_.logging_strategy == "epoch";
     c.should_evaluate |= args_.eval_strategy == "epoch" && args_.eval_delay <= state_.epoch;
@@ -1389,11 +1343,12 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
   const int64_t token_processes = token_processes_of(args_, acc);
   // Kept for the callbacks' kwargs() until the next evaluation, as HF's callback handler keeps
   // it; held here too, for a callback that evaluates again from inside this loop.
-  auto loader_options = loader_options_of(args_, acc, args_.per_device_eval_batch_size);
+  auto loader_options = loader_options_of(args_, args_.per_device_eval_batch_size);
   // As HF's eval sampler with "group_by_length": every evaluation in the order of one seed.
   if (args_.train_sampling_strategy == "group_by_length")
     group_by_length(loader_options, args_, *dataset, impl.main_input_name,
                     args_.per_device_eval_batch_size);
+  loader_options = acc.prepared_loader_options(std::move(loader_options));
   const auto loader_ptr =
       std::make_shared<data::DataLoader>(std::move(dataset), loader_options, impl.collate);
   data::DataLoader& loader = *loader_ptr;

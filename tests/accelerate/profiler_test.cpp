@@ -209,12 +209,7 @@ TEST(Accelerator, ProfilesIntoAChromeTrace) {
   const auto file = dir / "traces" / "profile_0.json";
   ASSERT_TRUE(std::filesystem::exists(file));
   EXPECT_FALSE(std::filesystem::exists(file.string() + ".tmp"));
-  std::ifstream in(file);
-  const json trace = json::parse(in);
-  int mm = 0;
-  for (const auto& event : trace["traceEvents"])
-    mm += event.value("name", "") == "aten::mm" && event.value("ph", "") == "X";
-  EXPECT_EQ(mm, 3);
+  EXPECT_EQ(mixprec::testing::trace_events_named(file, "aten::mm"), 3);
 
   // Kwargs given win; an error in the body stops the profiler (on_trace_ready runs, as
   // torch's __exit__) and writes nothing.

@@ -203,6 +203,7 @@ TEST(DataLoader, RandomSamplerEqualsAcceleratesDefaultOverPasses) {
 
 // A pass stopped mid-way resumes from its state with the same order and the same generator
 // afterwards, with or without a generator, and between passes the generator's state is kept.
+// state_at names a position in a pass already read to its end.
 TEST(DataLoader, RandomSamplerResumesMidPass) {
   for (const bool with_generator : {false, true}) {
     SCOPED_TRACE(with_generator ? "generator" : "torch's generator");
@@ -224,6 +225,10 @@ TEST(DataLoader, RandomSamplerResumesMidPass) {
       whole.emplace_back(index.data_ptr<int64_t>(), index.data_ptr<int64_t>() + index.numel());
       if (whole.size() == 2) state = loader.state();
     }
+    // Read to its end, the pass is still there to name a position in (a checkpoint behind the
+    // batches read), until the next one begins.
+    EXPECT_EQ(loader.state().batches_yielded, 0);
+    EXPECT_EQ(loader.state_at(state.epoch, 2), state);
     const auto rng = at::detail::getDefaultCPUGenerator().get_state();
     const auto after = pass(loader);
     EXPECT_NE(whole, first);

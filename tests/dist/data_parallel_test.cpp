@@ -348,8 +348,9 @@ TEST_F(DataParallel, SplitBatchesDividesEachBatchAmongTheProcesses) {
     ++whole;
   }
   const auto error = error_of([&] { split.prepare_data_loader(data, {.batch_size = 2 * n + 1}); });
-  EXPECT_NE(error.find("batch_size must be a multiple of the number of processes; got batch_size " +
-                       std::to_string(2 * n + 1)),
+  EXPECT_NE(error.find("Accelerator: to use a DataLoader in split_batches mode, the batch size (" +
+                       std::to_string(2 * n + 1) +
+                       ") needs to be a round multiple of the number of processes (2)."),
             std::string::npos)
       << error;
 
@@ -570,8 +571,8 @@ TEST_F(DataParallel, TrainerSplitBatchesCutsEachBatchAmongTheProcesses) {
   EXPECT_NEAR(split_samples, 80, 1e-6);  // 10 steps of 8 samples, not counted twice
   EXPECT_NEAR(split_samples, halves_samples, 1e-6);
   EXPECT_EQ(error_of([&] { train(3, true); }),
-            "Trainer: to use a DataLoader in split_batches mode, the batch size (3) needs to be "
-            "a round multiple of the number of processes (2).");
+            "Accelerator: to use a DataLoader in split_batches mode, the batch size (3) needs to "
+            "be a round multiple of the number of processes (2).");
   std::filesystem::remove_all(shared_temp_dir(accelerator, "mixprec_dp_split_"));
 }
 
@@ -941,12 +942,8 @@ TEST_F(DataParallel, ProfileWritesATracePerProcess) {
       mixprec::accelerate::ProfileKwargs{.activities = {"cpu"}, .output_trace_dir = dir.string()});
   EXPECT_EQ(profiler.key_averages().at(0).count, accelerator.process_index() + 1);
   for (int rank = 0; rank < 2; ++rank) {
-    std::ifstream in(dir / ("profile_" + std::to_string(rank) + ".json"));
-    const auto trace = nlohmann::json::parse(in);
-    int mm = 0;
-    for (const auto& event : trace["traceEvents"])
-      mm += event.value("name", "") == "aten::mm" && event.value("ph", "") == "X";
-    EXPECT_EQ(mm, rank + 1) << rank;
+    const auto file = dir / ("profile_" + std::to_string(rank) + ".json");
+    EXPECT_EQ(mixprec::testing::trace_events_named(file, "aten::mm"), rank + 1) << rank;
   }
   accelerator.wait_for_everyone();
   if (accelerator.is_main_process()) std::filesystem::remove_all(dir);

@@ -322,7 +322,8 @@ if __name__ == "__main__":
     # bf16 GEMMs round differently from one CPU to another (AVX-512 BF16 or not): 60 steps
     # drift up to ~1e-3 relative on small weights. The C++ test's own bf16 tolerance is 2e-2.
     # The GPT-2 cases' 6 Adam updates at 1e-2 turn fp32's last-bit differences into up to 4.6e-4
-    # relative on small biases (a Xeon with AMX against the AMD EPYC that wrote the file).
+    # relative on small biases (a Xeon with AMX against the AMD EPYC that wrote the file);
+    # gpt2_group_by_length's learning rate of 1e-3 keeps it within the default.
     looser = {"/cases/bf16": (2e-3, 1e-6)}
     looser.update({f"/{case}/param_sums": (2e-3, 1e-6) for case in ("gpt2", "gpt2_label_smoothing")})
     emit_or_check(compute, looser=looser)

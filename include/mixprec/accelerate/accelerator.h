@@ -432,6 +432,10 @@ class Accelerator {
   PreparedDataLoader prepare_data_loader(data::DatasetPtr dataset,
                                          data::DataLoaderOptions options = {},
                                          data::CollateFn collate = {});
+  /// The options prepare_data_loader gives its loader, for a loader made by hand (the
+  /// Trainer's: it steps its own schedule, so registers no loader). With several processes
+  /// and a seed to draw, all of them must call it (the main process's is broadcast).
+  data::DataLoaderOptions prepared_loader_options(data::DataLoaderOptions options);
   AcceleratedScheduler prepare_one(optim::LRScheduler& scheduler);
 
   /// Accelerate's skip_first_batches: `loader` (the same loader: its epoch and position are

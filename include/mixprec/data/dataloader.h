@@ -231,12 +231,22 @@ class DataLoader {
   /// Batches handed out in the current epoch so far. When an iteration ends the
   /// position goes back to the start of the epoch.
   DataLoaderState state() const;
+  /// The state of a position the caller names, such as a training step behind the batches
+  /// read ahead or the end of a pass read to its end. With ShuffleOrder::kRandomSampler:
+  /// batches_yielded > 0 is a position in the pass that began last (or that load_state set),
+  /// which resumes from that pass's seed or its generator's state at its start (kept until the
+  /// next pass begins); 0 is an epoch's start, drawn from the generator's state now.
+  DataLoaderState state_at(int64_t epoch, int64_t batches_yielded) const;
   int64_t batches_yielded() const { return batches_yielded_; }
   /// The next `begin()` yields the batches of `state.epoch` after the first
   /// `state.batches_yielded`.
   void load_state(const DataLoaderState& state);
 
   const DataLoaderOptions& options() const { return options_; }
+  /// Whether it shuffles with ShuffleOrder::kRandomSampler (each pass's order drawn anew).
+  bool random_sampler() const {
+    return options_.shuffle && options_.shuffle_order == ShuffleOrder::kRandomSampler;
+  }
   /// Sets options().seed (a resumed run takes its saved one).
   void set_seed(uint64_t seed) { options_.seed = seed; }
   const DatasetPtr& dataset() const { return dataset_; }
@@ -244,9 +254,6 @@ class DataLoader {
  private:
   std::vector<size_t> indices() const;  // this rank's, for the current epoch
   bool shards_batches() const;
-  bool random_sampler() const {
-    return options_.shuffle && options_.shuffle_order == ShuffleOrder::kRandomSampler;
-  }
   void start_pass(bool resuming);
   // After which batch a whole pass draws RandomSampler's second randperm (-1: before the first).
   int64_t trailing_draw_after() const;

@@ -56,14 +56,16 @@ enum class AttentionKernel {
 /// large GPT-2 fp32 step, 1.002x in 5 interleaved pairs, it is 24% slower in the run above,
 /// and it keeps the (B, heads, T, T) fp32 probabilities: 16 MB a layer there. On the Xeon it
 /// is faster, but the large GPT-2 fp32 step gained 0-5% in 3 pairs for 22% more peak RSS.
-/// bf16 at T = 1024 stays on flash too, though matmul is 1.45-1.6x faster on the EPYC: its
-/// probabilities would be 96 MB a layer.)
+/// fp16 at T = 256 stays on flash on fp32 for the same reason: kMatmul runs it in fp32, with
+/// the same fp32 probabilities. bf16 at T = 1024 stays on flash too, though matmul is 1.45-1.6x
+/// faster on the EPYC: its probabilities would be 96 MB a layer.)
 ///
 /// So: kMatmul up to T = 128 in every dtype and in bf16 up to 512 with brgemm, 256 without;
 /// above that fp32 and bf16 as is, fp16 in fp32 (and where kMatmul cannot run, e.g. with
 /// dropout, bf16 in fp32 up to 256, or 128 with AMX-BF16, where LibTorch's bf16 flash kernel is
-/// the faster above). T is the longer of queries and keys. On the CPU, the kernels run with
-/// autocast off, so fp32 work is not cast back to 16 bits.
+/// the faster above). T is the longer of queries and keys. Under autocast, kMatmul and
+/// kFlashFp32 run with autocast off, so their fp32 work is not cast back to 16 bits; kFlash is
+/// LibTorch's SDPA, which autocast casts as it does in PyTorch.
 at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key,
                                         const at::Tensor& value, double dropout_p, bool is_causal,
                                         AttentionKernel kernel = AttentionKernel::kAuto);

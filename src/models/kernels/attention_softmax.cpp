@@ -223,6 +223,16 @@ void release_brgemm() {
 #endif
 }
 
+// Releases this thread's brgemm context (AMX tiles) as a chunk of work starts, so that its first
+// call configures the tiles even where other code on the thread left a context behind, and as
+// the chunk ends, also when it throws.
+struct BrgemmContext {
+  BrgemmContext() { release_brgemm(); }
+  ~BrgemmContext() { release_brgemm(); }
+  BrgemmContext(const BrgemmContext&) = delete;
+  BrgemmContext& operator=(const BrgemmContext&) = delete;
+};
+
 }  // namespace
 
 // Per (Lq, D) matrix: by 32-row blocks, the scores q kᵀ (fp32, the kept columns), their softmax
@@ -237,6 +247,7 @@ void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, const at::
   auto* ps = probs.data_ptr<at::BFloat16>();
   auto* os = out.data_ptr<at::BFloat16>();
   at::parallel_for(0, q.numel() / (Lq * D), 1, [&](int64_t begin, int64_t end) {
+    const BrgemmContext context;
     std::vector<at::BFloat16> k_packed(Lk * D), v_packed(Lk * Dv);
     std::vector<float> block(kRows * std::max(Lk, Dv));
     for (int64_t h = begin; h < end; ++h) {
@@ -253,7 +264,6 @@ void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, const at::
         round_rows(block.data(), rows, Dv, os + (h * Lq + m) * Dv);
       }
     }
-    release_brgemm();
   });
 }
 
@@ -275,6 +285,7 @@ void attention_bf16_backward(const at::Tensor& q, const at::Tensor& k, const at:
   auto* gk = grad_k.data_ptr<at::BFloat16>();
   auto* gv = grad_v.data_ptr<at::BFloat16>();
   at::parallel_for(0, q.numel() / (Lq * D), 1, [&](int64_t begin, int64_t end) {
+    const BrgemmContext context;
     // (For an odd Lq, the transposes' column Lq is never written: it stays 0, and the packs'
     // last row is 0 too.)
     std::vector<at::BFloat16> v_packed(Lk * Dv), k_packed(Lk * D), q_packed(Lq2 * D),
@@ -318,7 +329,6 @@ void attention_bf16_backward(const at::Tensor& q, const at::Tensor& k, const at:
         transposed_product(p, g_packed.data(), Dv, n, keys, gv + (h * Lk + n) * Dv);
       }
     }
-    release_brgemm();
   });
 }
 
