@@ -515,8 +515,8 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
       // DeepSpeed's min_loss_scale: a run whose gradients overflow even at
       // scale 1 would skip every step from then on; it stops instead.
       .scaler = {.min_scale = 1.0},
-      // HF's DataLoaderConfiguration, for loaders one prepares on trainer.accelerator() (the
-      // Trainer shards its own the same way).
+      // HF's DataLoaderConfiguration: the Trainer's loaders take them through
+      // prepared_loader_options, as do loaders one prepares on trainer.accelerator().
       .split_batches = args_.accelerator_config.split_batches,
       .use_seedable_sampler = args_.accelerator_config.use_seedable_sampler,
       .data_seed =
@@ -652,9 +652,9 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     accelerate::set_seed(static_cast<uint64_t>(args_.seed));
   auto loader_options = loader_options_of(args_, batch_size);
   // As Accelerate shuffles (the Accelerator's options carry accelerator_config's): with
-  // use_seedable_sampler, by data_seed, else seed; else HF's RandomSampler, which Accelerate
-  // keeps, each pass's order drawn from torch's generator, or in data parallel from one seeded
-  // by the main process's draw.
+  // use_seedable_sampler, by data_seed, else torch's seed (`seed`, set above); else HF's
+  // RandomSampler, which Accelerate keeps, each pass's order drawn from torch's generator, or
+  // in data parallel from one seeded by the main process's draw.
   loader_options.shuffle = args_.train_sampling_strategy == "random";
   // As HF's: a megabatch is a multiple of the accumulation window's samples. (HF's
   // LengthGroupedSampler draws its order from torch's generator; mixprec's from the seed and

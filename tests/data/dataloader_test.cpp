@@ -242,7 +242,9 @@ TEST(DataLoader, RandomSamplerResumesMidPass) {
     torch::manual_seed(2);  // another stream: the resumed pass must not depend on it
     DataLoader resumed(range_dataset(10), make());
     resumed.load_state(restored);
+    EXPECT_EQ(resumed.state_at(restored.epoch, 2), restored);  // before the pass begins
     const auto rest = pass(resumed);
+    EXPECT_EQ(resumed.state_at(restored.epoch, 2), restored);  // after it is read
     EXPECT_EQ(rest, std::vector(whole.begin() + 2, whole.end()));
     at::Generator default_generator = at::detail::getDefaultCPUGenerator();
     default_generator.set_state(rng);

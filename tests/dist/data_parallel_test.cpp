@@ -350,7 +350,8 @@ TEST_F(DataParallel, SplitBatchesDividesEachBatchAmongTheProcesses) {
   const auto error = error_of([&] { split.prepare_data_loader(data, {.batch_size = 2 * n + 1}); });
   EXPECT_NE(error.find("Accelerator: to use a DataLoader in split_batches mode, the batch size (" +
                        std::to_string(2 * n + 1) +
-                       ") needs to be a round multiple of the number of processes (2)."),
+                       ") needs to be a round multiple of the number of processes (" +
+                       std::to_string(split.num_processes()) + ")."),
             std::string::npos)
       << error;
 

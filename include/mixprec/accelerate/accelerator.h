@@ -433,8 +433,9 @@ class Accelerator {
                                          data::DataLoaderOptions options = {},
                                          data::CollateFn collate = {});
   /// The options prepare_data_loader gives its loader, for a loader made by hand (the
-  /// Trainer's: it steps its own schedule, so registers no loader). With several processes
-  /// and a seed to draw, all of them must call it (the main process's is broadcast).
+  /// Trainer's: it steps its own schedule, so registers no loader). With several processes, for
+  /// a shuffled loader without a seed or generator, every process must call it (the main
+  /// process's seed is broadcast).
   data::DataLoaderOptions prepared_loader_options(data::DataLoaderOptions options);
   AcceleratedScheduler prepare_one(optim::LRScheduler& scheduler);
 
