@@ -397,9 +397,10 @@ DataLoaderState DataLoader::state_at(int64_t epoch, int64_t batches_yielded) con
   if (!random_sampler()) return state;
   // Before the pass that load_state set begins, the generator holds that pass's start.
   const bool in_last_pass = batches_yielded > 0 && !resume_;
-  TORCH_CHECK(!in_last_pass || (options_.generator ? !pass_start_state_.empty() : pass_seed_),
-              "DataLoader::state_at: a position within a pass (batches_yielded ", batches_yielded,
-              ") before any pass began");
+  TORCH_CHECK(
+      !in_last_pass || (options_.generator ? !pass_start_state_.empty() : pass_seed_.has_value()),
+      "DataLoader::state_at: a position within a pass (batches_yielded ", batches_yielded,
+      ") before any pass began");
   if (options_.generator) {
     state.generator_state = in_last_pass ? pass_start_state_ : state_bytes(*options_.generator);
   } else if (batches_yielded > 0) {

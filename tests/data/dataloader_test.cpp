@@ -254,6 +254,14 @@ TEST(DataLoader, RandomSamplerResumesMidPass) {
       range_dataset(10),
       {.batch_size = 3, .shuffle = true, .shuffle_order = ShuffleOrder::kRandomSampler});
   EXPECT_TRUE(has(error_of([&] { no_seed.load_state({0, 2}); }), "without the pass_seed"));
+  // No pass has begun to name a position in, with or without a generator.
+  EXPECT_TRUE(has(error_of([&] { no_seed.state_at(0, 2); }), "before any pass began"));
+  DataLoader with_generator(range_dataset(10),
+                            {.batch_size = 3,
+                             .shuffle = true,
+                             .shuffle_order = ShuffleOrder::kRandomSampler,
+                             .generator = at::make_generator<at::CPUGeneratorImpl>(1)});
+  EXPECT_TRUE(has(error_of([&] { with_generator.state_at(0, 2); }), "before any pass began"));
   EXPECT_TRUE(has(error_of([&] {
                     DataLoader(range_dataset(10),
                                {.generator = at::make_generator<at::CPUGeneratorImpl>(1)});
