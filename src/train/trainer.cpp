@@ -977,8 +977,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     std::vector<data::Batch> window_batches;
     size_t next_in_window = 0;
     std::optional<int64_t> num_items_in_batch;
-    auto it = loader.begin();
-    for (; next_in_window < window_batches.size() || it != loader.end();) {
+    for (auto it = loader.begin(); next_in_window < window_batches.size() || it != loader.end();) {
       if (step_in_epoch % args_.gradient_accumulation_steps == 0)
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_begin(a, s, c); });
