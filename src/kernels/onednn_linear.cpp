@@ -19,19 +19,25 @@ const c10::OperatorHandle* linear_pointwise_op() {
   return op ? &*op : nullptr;
 }
 
-// A LibTorch built without oneDNN registers no kernel for the op.
-bool onednn_linear_runs() {
-  static const bool runs = [] {
+// A LibTorch built without oneDNN registers no kernel for the op; in bf16, oneDNN refuses CPUs
+// without AVX-512 (or AVX-NE-CONVERT).
+bool onednn_linear_runs(at::ScalarType dtype) {
+  const auto probe = [](at::ScalarType dtype) {
     if (!at::hasMKLDNN() || linear_pointwise_op() == nullptr) return false;
     try {
-      const auto x = at::arange(1, 5, at::kFloat).view({2, 2});  // (1 2; 3 4)
-      const auto y = onednn_linear(x, x, at::ones({2}));         // x x^T + 1
-      return at::equal(y, at::tensor({6.f, 12.f, 12.f, 26.f}).view({2, 2}));
+      const auto x = at::arange(1, 5, dtype).view({2, 2});       // (1 2; 3 4)
+      const auto y = onednn_linear(x, x, at::ones({2}, dtype));  // x x^T + 1
+      return at::equal(y, at::tensor({6.f, 12.f, 12.f, 26.f}).view({2, 2}).to(dtype));
     } catch (const std::exception&) {  // c10::Error, or oneDNN's own
       return false;
     }
-  }();
-  return runs;
+  };
+  if (dtype == at::kFloat) {
+    static const bool fp32 = probe(at::kFloat);
+    return fp32;
+  }
+  static const bool bf16 = probe(at::kBFloat16);
+  return dtype == at::kBFloat16 && bf16;
 }
 
 // LibTorch's at::native::mkldnn_matmul(mat1, mat2, result, beta, alpha): exported, but its header
@@ -80,15 +86,19 @@ bool plain_or_transposed(const at::Tensor& t) {
 
 }  // namespace
 
-bool onednn_linear_available() {
-  return onednn_linear_runs() && at::globalContext().userEnabledMkldnn();
+bool onednn_linear_available(at::ScalarType dtype) {
+  return onednn_linear_runs(dtype) && at::globalContext().userEnabledMkldnn();
 }
 
 bool onednn_linear_takes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
-  return x.dim() >= 1 && x.numel() > 0 && fp32_cpu(x) && w.dim() == 2 && w.numel() > 0 &&
-         w.size(1) == x.size(-1) && fp32_cpu(w) && w.is_non_overlapping_and_dense() &&
-         (!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && fp32_cpu(bias))) &&
-         onednn_linear_available();
+  const auto dtype = x.scalar_type();
+  const auto operand = [&](const at::Tensor& t) {
+    return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == dtype;
+  };
+  return x.dim() >= 1 && x.numel() > 0 && operand(x) && w.dim() == 2 && w.numel() > 0 &&
+         w.size(1) == x.size(-1) && operand(w) && w.is_non_overlapping_and_dense() &&
+         (!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && operand(bias))) &&
+         (dtype == at::kFloat || dtype == at::kBFloat16) && onednn_linear_available(dtype);
 }
 
 bool onednn_mm_takes(const at::Tensor& a, const at::Tensor& b) {

@@ -69,7 +69,7 @@ bool watched(const char* name) {
       "aten::addbmm",
       "aten::matmul",
       "aten::linear",
-      "mixprec::linear",  // GPT-2's layers (models/linear.h): its fp32 path calls no aten GEMM
+      "mixprec::linear",  // GPT-2's layers (models/linear.h): its oneDNN path calls no aten GEMM
       "aten::mv",
       "aten::addmv",
       "aten::conv1d",

@@ -1,6 +1,7 @@
 #include "mixprec/models/attention.h"
 
 #include <ATen/ATen.h>
+#include <ATen/ExpandUtils.h>
 #include <ATen/native/CPUBlas.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -115,24 +116,54 @@ at::Tensor dense(const at::Tensor& t, at::ScalarType dtype) {
   return t.to(dtype, /*non_blocking=*/false, /*copy=*/false, at::MemoryFormat::Contiguous);
 }
 
+// Whether the bf16 kernels read t as it is: bf16, contiguous rows an even number of elements
+// apart (the heads of a packed (B, T, 3 * C) projection are).
+bool bf16_rows(const at::Tensor& t) {
+  return t.scalar_type() == at::kBFloat16 && t.stride(-1) == 1 && t.stride(-2) >= t.size(-1) &&
+         t.stride(-2) % 2 == 0;
+}
+
+// A new tensor of these sizes, dense, its dims in like's memory order (its strides' order): the
+// bf16 kernels' outputs, so that the heads of a packed projection get their gradients, and their
+// output, in the (B, T, heads, head dim) order that merging heads views without a copy.
+// (Contiguous where that order would not end in dense rows: inputs whose matrices overlap.)
+at::Tensor empty_in_order_of(const at::Tensor& like, at::IntArrayRef sizes) {
+  const auto strides = at::infer_dense_strides(sizes, like.strides());
+  if (strides.back() != 1) return at::empty(sizes, like.options());
+  return at::empty_strided(sizes, strides, like.options());
+}
+
+// The kernels' backward records no graph: a gradient of a gradient through them would be
+// silently incomplete.
+void check_differentiated_once() {
+  TORCH_CHECK(!at::GradMode::is_enabled(),
+              "mixprec::models attention's matmul kernel is differentiable once: its backward "
+              "does not record a graph (create_graph=true); use AttentionKernel::kFlash");
+}
+
 // Scores and their gradient come from fp32 GEMMs on the (exact) up-casts, as in the flash
 // kernels, which keep them in fp32 too (bf16: brgemm's fp32 sums of the exact products, by
 // blocks of rows); the products with the probabilities run in the compute dtype. Saved for
-// backward: dense copies of the inputs and the (B, H, Lq, Lk) probabilities.
+// backward: the inputs (dense copies, but for the bf16 kernels) and the (B, H, Lq, Lk)
+// probabilities.
 struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& query, const at::Tensor& key,
                             const at::Tensor& value, bool is_causal) {
     RECORD_FUNCTION("mixprec::attention", std::vector<c10::IValue>());
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto dtype = compute_dtype(query);
-    const auto q = dense(query, dtype), k = dense(key, dtype), v = dense(value, dtype);
+    // The bf16 kernels read strided rows as they are; everything else gets dense copies.
+    const bool as_is = bf16_rows(query) && bf16_rows(key) && bf16_rows(value) &&
+                       bf16_kernels_run(query, key, value);
+    const auto q = as_is ? query : dense(query, dtype), k = as_is ? key : dense(key, dtype),
+               v = as_is ? value : dense(value, dtype);
     at::Tensor probs, out;
     if (bf16_kernels_run(q, k, v)) {
       auto shape = q.sizes().vec();
       shape.back() = k.size(-2);
       probs = at::empty(shape, q.options());
       shape.back() = v.size(-1);
-      out = at::empty(shape, q.options());
+      out = empty_in_order_of(q, shape);
       softmax_kernel().bf16_forward(q, k, v, is_causal, scale_of(q), probs, out);
     } else {
       auto scores = at::matmul(dense(q, at::kFloat), dense(k, at::kFloat).transpose(-2, -1));
@@ -150,16 +181,21 @@ struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     RECORD_FUNCTION("mixprec::attention_backward", std::vector<c10::IValue>());
+    check_differentiated_once();
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto saved = ctx->get_saved_variables();
     const auto &q = saved[0], &k = saved[1], &v = saved[2], &probs = saved[3];
     const auto dtypes = ctx->saved_data["dtypes"].toIntVector();
     const auto dtype = probs.scalar_type();
-    const auto grad = dense(grad_outputs[0], dtype);  // exact: the inputs' dtype or fp32
+    const bool bf16 = bf16_kernels_run(q, k, v);
+    // Exact: the inputs' dtype or fp32.
+    const auto grad =
+        bf16 && bf16_rows(grad_outputs[0]) ? grad_outputs[0] : dense(grad_outputs[0], dtype);
     const bool is_causal = ctx->saved_data["is_causal"].toBool();
     at::Tensor grad_query, grad_key, grad_value;
-    if (bf16_kernels_run(q, k, v)) {
-      grad_query = at::empty_like(q), grad_key = at::empty_like(k), grad_value = at::empty_like(v);
+    if (bf16) {
+      grad_query = empty_in_order_of(q, q.sizes()), grad_key = empty_in_order_of(k, k.sizes()),
+      grad_value = empty_in_order_of(v, v.sizes());
       softmax_kernel().bf16_backward(q, k, v, probs, grad, is_causal, scale_of(q), grad_query,
                                      grad_key, grad_value);
     } else {
@@ -172,6 +208,57 @@ struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
     }
     const auto as = [&](int i) { return static_cast<at::ScalarType>(dtypes[i]); };
     return {grad_query.to(as(0)), grad_key.to(as(1)), grad_value.to(as(2)), {}};
+  }
+};
+
+// (B, T, C) as (B, heads, T, C / heads), GPT-2's heads: views where the last dim is dense (as
+// where the kernels write).
+at::Tensor heads_of(const at::Tensor& t, int64_t n_head) {
+  return t.reshape({t.size(0), t.size(1), n_head, t.size(2) / n_head}).transpose(1, 2);
+}
+
+// The query, key and value heads of a packed (B, T, 3 C) projection.
+std::vector<at::Tensor> split_heads(const at::Tensor& qkv, int64_t n_head) {
+  std::vector<at::Tensor> heads;
+  for (const auto& t : qkv.split(qkv.size(2) / 3, 2)) heads.push_back(heads_of(t, n_head));
+  return heads;
+}
+
+// The bf16 kernels on a packed projection: they read the heads where they are, write the
+// output's in (B, T, C) order and the gradients' into one (B, T, 3 C) tensor, so that neither
+// the merge of the heads nor the split's backward (a cat) copies them.
+struct PackedBf16Attention : torch::autograd::Function<PackedBf16Attention> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& qkv, int64_t n_head,
+                            bool is_causal) {
+    RECORD_FUNCTION("mixprec::attention", std::vector<c10::IValue>());
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto in = split_heads(qkv, n_head);
+    const int64_t B = qkv.size(0), T = qkv.size(1);
+    auto probs = at::empty({B, n_head, T, T}, qkv.options());
+    auto out = at::empty({B, T, qkv.size(2) / 3}, qkv.options());
+    softmax_kernel().bf16_forward(in[0], in[1], in[2], is_causal, scale_of(in[0]), probs,
+                                  heads_of(out, n_head));
+    ctx->save_for_backward({qkv, probs});
+    ctx->saved_data["n_head"] = n_head;
+    ctx->saved_data["is_causal"] = is_causal;
+    return out;
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    RECORD_FUNCTION("mixprec::attention_backward", std::vector<c10::IValue>());
+    check_differentiated_once();
+    c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
+    const auto saved = ctx->get_saved_variables();
+    const auto &qkv = saved[0], &probs = saved[1];
+    const int64_t n_head = ctx->saved_data["n_head"].toInt();
+    const auto in = split_heads(qkv, n_head);
+    auto grad_qkv = at::empty_like(qkv, at::MemoryFormat::Contiguous);
+    const auto grads = split_heads(grad_qkv, n_head);
+    softmax_kernel().bf16_backward(in[0], in[1], in[2], probs,
+                                   heads_of(grad_outputs[0].to(at::kBFloat16).contiguous(), n_head),
+                                   ctx->saved_data["is_causal"].toBool(), scale_of(in[0]), grads[0],
+                                   grads[1], grads[2]);
+    return {grad_qkv, {}, {}};
   }
 };
 
@@ -228,6 +315,21 @@ at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tenso
       return at::scaled_dot_product_attention(query, key, value, /*attn_mask=*/{}, dropout_p,
                                               is_causal);
   }
+}
+
+at::Tensor packed_self_attention(const at::Tensor& qkv, int64_t n_head, double dropout_p,
+                                 bool is_causal) {
+  TORCH_CHECK(qkv.dim() == 3 && n_head > 0 && qkv.size(2) % (3 * n_head) == 0,
+              "packed_self_attention: qkv must be (B, T, 3 * C) with C a multiple of n_head (",
+              n_head, "); got ", qkv.sizes());
+  const auto heads = split_heads(qkv, n_head);
+  if (choose_attention_kernel(heads[0], heads[1], heads[2], dropout_p) ==
+          AttentionKernel::kMatmul &&
+      bf16_rows(heads[0]) && bf16_kernels_run(heads[0], heads[1], heads[2]))
+    return PackedBf16Attention::apply(qkv, n_head, is_causal);
+  return scaled_dot_product_attention(heads[0], heads[1], heads[2], dropout_p, is_causal)
+      .transpose(1, 2)
+      .reshape({qkv.size(0), qkv.size(1), qkv.size(2) / 3});
 }
 
 }  // namespace mixprec::models

@@ -182,15 +182,9 @@ GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& config)
 }
 
 torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
-  const int64_t B = x.size(0), T = x.size(1), C = x.size(2);
-  auto qkv = c_attn(x).split(C, /*dim=*/2);  // 3 x (B, T, C)
-  auto heads = [&](const torch::Tensor& t) {
-    return t.view({B, T, n_head_, C / n_head_}).transpose(1, 2);  // (B, nh, T, hd)
-  };
-  auto y = scaled_dot_product_attention(heads(qkv[0]), heads(qkv[1]), heads(qkv[2]),
-                                        /*dropout_p=*/is_training() ? attn_pdrop_ : 0.0,
-                                        /*is_causal=*/true);  // (B, nh, T, hd)
-  y = y.transpose(1, 2).reshape({B, T, C});
+  const auto y = packed_self_attention(c_attn(x), n_head_,
+                                       /*dropout_p=*/is_training() ? attn_pdrop_ : 0.0,
+                                       /*is_causal=*/true);  // (B, T, C)
   return resid_dropout(c_proj(y));
 }
 

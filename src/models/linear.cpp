@@ -78,17 +78,31 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   // One op for LibTorch's profiler and the numerics monitor, whichever path runs.
   at::RecordFunction guard(at::RecordScope::FUNCTION);
   guard.before("mixprec::linear");
-  const auto maybe_bias = bias.defined() ? std::optional(bias) : std::nullopt;
+  // Under CPU autocast to bf16, autocast's own casts (a weight's is cached for the region) are
+  // made here, so that the bf16 operands can take oneDNN as fp32 ones do outside autocast;
+  // LibTorch's op, where it runs instead, finds them cast.
+  const bool autocast = at::autocast::is_autocast_enabled(at::kCPU);
+  const auto cpu_fp32_or_bf16 = [](const at::Tensor& t) {
+    return !t.defined() ||
+           (t.is_cpu() && (t.scalar_type() == at::kFloat || t.scalar_type() == at::kBFloat16));
+  };
+  const bool cast = autocast && at::autocast::get_autocast_dtype(at::kCPU) == at::kBFloat16 &&
+                    cpu_fp32_or_bf16(x) && cpu_fp32_or_bf16(weight) && cpu_fp32_or_bf16(bias);
+  const auto operand = [&](const at::Tensor& t) {
+    return cast && t.defined() ? at::autocast::cached_cast(at::kBFloat16, t, c10::DeviceType::CPU)
+                               : t;
+  };
+  const auto x1 = operand(x), w1 = operand(weight), b1 = operand(bias);
+  const auto maybe_bias = b1.defined() ? std::optional(b1) : std::nullopt;
   at::Tensor y;
-  if (x.dim() >= 2 && !at::autocast::is_autocast_enabled(at::kCPU) &&
-      mixprec::kernels::onednn_linear_takes(x, in_out ? weight.t() : weight, bias)) {
-    y = OnednnLinear::apply(x, weight, maybe_bias, in_out);
+  if (x1.dim() >= 2 && (!autocast || cast) &&
+      mixprec::kernels::onednn_linear_takes(x1, in_out ? w1.t() : w1, b1)) {
+    y = OnednnLinear::apply(x1, w1, maybe_bias, in_out);
   } else if (!in_out) {
-    y = at::linear(x, weight, maybe_bias);
+    y = at::linear(x1, w1, maybe_bias);
   } else {
-    const auto x2 = x.reshape({-1, x.size(-1)});
-    y = (bias.defined() ? at::addmm(bias, x2, weight) : at::mm(x2, weight))
-            .view(output_sizes(x, out));
+    const auto x2 = x1.reshape({-1, x1.size(-1)});
+    y = (b1.defined() ? at::addmm(b1, x2, w1) : at::mm(x2, w1)).view(output_sizes(x1, out));
   }
   if (guard.isActive() && guard.needsOutputs()) guard.setOutputs(std::vector<c10::IValue>{y});
   return y;

@@ -201,43 +201,59 @@ TEST(Attention, Bf16BrgemmKernelsOfEveryBuildMatchFp64) {
   const double tolerance = std::ldexp(1.0, -7);
   for (const auto& [name, forward, backward] : builds)
     for (bool causal : {true, false})
-      for (auto [Lq, Lk, D, Dv] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{65, 96, 16, 16},
-                                   {96, 40, 24, 8},
-                                   {33, 96, 16, 16}}) {
-        SCOPED_TRACE(::testing::Message()
-                     << name << " causal " << causal << " Lq " << Lq << " Lk " << Lk << " D " << D);
-        const auto q = torch::randn({3, Lq, D}, torch::kBFloat16);
-        const auto k = torch::randn({3, Lk, D}, torch::kBFloat16);
-        const auto v = torch::randn({3, Lk, Dv}, torch::kBFloat16);
-        const auto grad = torch::randn({3, Lq, Dv}, torch::kBFloat16);
-        const float scale = 0.25f;
-        // NaN where a kernel leaves something unwritten.
-        const auto unwritten = [](const torch::Tensor& like) {
-          return torch::full_like(like, std::nan(""));
-        };
-        auto probs = torch::full({3, Lq, Lk}, std::nan(""), torch::kBFloat16);
-        auto out = torch::full({3, Lq, Dv}, std::nan(""), torch::kBFloat16);
-        forward(q, k, v, causal, scale, probs, out);
-        std::vector<torch::Tensor> got{probs, out, unwritten(q), unwritten(k), unwritten(v)};
-        backward(q, k, v, probs, grad, causal, scale, got[2], got[3], got[4]);
+      for (bool strided : {false, true})
+        for (auto [Lq, Lk, D, Dv] : {std::tuple<int64_t, int64_t, int64_t, int64_t>{65, 96, 16, 16},
+                                     {96, 40, 24, 8},
+                                     {33, 96, 16, 16}}) {
+          SCOPED_TRACE(::testing::Message()
+                       << name << " causal " << causal << " strided " << strided << " Lq " << Lq
+                       << " Lk " << Lk << " D " << D);
+          // Strided: columns [1, 1 + cols) of rows cols + 6 wide (rows at odd element offsets:
+          // no 4-byte alignment), the rest of the row NaN.
+          const auto make = [&](int64_t rows, int64_t cols, double fill) {
+            auto t =
+                torch::full({3, rows, strided ? cols + 6 : cols}, std::nan(""), torch::kBFloat16);
+            auto view = strided ? t.narrow(2, 1, cols) : t;
+            if (!std::isnan(fill)) view.copy_(torch::randn({3, rows, cols}) * fill);
+            return view;
+          };
+          const auto q = make(Lq, D, 1), k = make(Lk, D, 1), v = make(Lk, Dv, 1);
+          const auto grad = make(Lq, Dv, 1);
+          const float scale = 0.25f;
+          // NaN where a kernel leaves something unwritten.
+          const auto unwritten = [&](const torch::Tensor& like) {
+            return make(like.size(1), like.size(2), std::nan(""));
+          };
+          auto probs = torch::full({3, Lq, Lk}, std::nan(""), torch::kBFloat16);
+          auto out = unwritten(grad);
+          forward(q, k, v, causal, scale, probs, out);
+          std::vector<torch::Tensor> got{probs, out, unwritten(q), unwritten(k), unwritten(v)};
+          backward(q, k, v, probs, grad, causal, scale, got[2], got[3], got[4]);
+          // Nothing written outside the views.
+          for (size_t i = 1; i < got.size(); ++i) {
+            const auto base = got[i].as_strided({3, got[i].size(1), got[i].stride(1)},
+                                                {got[i].stride(0), got[i].stride(1), 1}, 0);
+            EXPECT_EQ(base.isnan().sum().item<int64_t>(), (base.numel() - got[i].numel()))
+                << "tensor " << i;
+          }
 
-        std::vector<torch::Tensor> in;
-        for (const auto& t : {q, k, v}) in.push_back(t.to(torch::kDouble).requires_grad_());
-        const auto keep = causal ? torch::ones({Lq, Lk}, torch::kBool).tril()
-                                 : torch::ones({Lq, Lk}, torch::kBool);
-        const auto want_probs = (torch::matmul(in[0], in[1].transpose(1, 2)) * scale)
-                                    .masked_fill(keep.logical_not(), -INFINITY)
-                                    .softmax(-1);
-        const auto want_out = torch::matmul(want_probs, in[2]);
-        want_out.backward(grad.to(torch::kDouble));
-        const std::vector<torch::Tensor> want{want_probs, want_out, in[0].grad(), in[1].grad(),
-                                              in[2].grad()};
-        for (size_t i = 0; i < want.size(); ++i) {
-          const auto error = (got[i].to(torch::kDouble) - want[i]).norm() / want[i].norm();
-          EXPECT_LE(error.item<double>(), tolerance) << "tensor " << i;
+          std::vector<torch::Tensor> in;
+          for (const auto& t : {q, k, v}) in.push_back(t.to(torch::kDouble).requires_grad_());
+          const auto keep = causal ? torch::ones({Lq, Lk}, torch::kBool).tril()
+                                   : torch::ones({Lq, Lk}, torch::kBool);
+          const auto want_probs = (torch::matmul(in[0], in[1].transpose(1, 2)) * scale)
+                                      .masked_fill(keep.logical_not(), -INFINITY)
+                                      .softmax(-1);
+          const auto want_out = torch::matmul(want_probs, in[2]);
+          want_out.backward(grad.to(torch::kDouble));
+          const std::vector<torch::Tensor> want{want_probs, want_out, in[0].grad(), in[1].grad(),
+                                                in[2].grad()};
+          for (size_t i = 0; i < want.size(); ++i) {
+            const auto error = (got[i].to(torch::kDouble) - want[i]).norm() / want[i].norm();
+            EXPECT_LE(error.item<double>(), tolerance) << "tensor " << i;
+          }
+          EXPECT_TRUE(probs.masked_select(keep.logical_not()).eq(0).all().item<bool>());
         }
-        EXPECT_TRUE(probs.masked_select(keep.logical_not()).eq(0).all().item<bool>());
-      }
 }
 
 // Where oneDNN's bf16 brgemm runs, the matmul kernel runs all six bf16 GEMMs on it; fp32, fp16,
@@ -269,6 +285,137 @@ TEST(Attention, MatmulKernelRunsBf16GemmsOnBrgemm) {
   EXPECT_EQ(count(torch::kHalf, 40, 16, 16), 6);
 }
 
+// The heads of a packed (B, T, 3 * C) projection, as GPT-2's attention makes them: the bf16
+// kernels read them where they are and give the output and the gradients in (B, T, heads, head
+// dim) order, so that neither the heads, the merge, the output's gradient nor the inputs' make
+// a copy; the same bits as from dense copies of the heads.
+TEST(Attention, Bf16KernelsReadAndWriteAPackedProjectionsHeadsInPlace) {
+  if (!kernels_built() || !mixprec::models::kernels::bf16_brgemm_runs())
+    GTEST_SKIP() << "no AVX2/AVX-512 kernels or no bf16 brgemm on this CPU";
+  torch::manual_seed(6);
+  const int64_t B = 2, T = 40, H = 2, D = 16, C = H * D;
+  const auto packed = torch::randn({B, T, 3 * C}, torch::kBFloat16);
+  const auto grad = torch::randn({B, T, C}, torch::kBFloat16);
+  auto run = [&](bool dense) {
+    const auto qkv = packed.clone().requires_grad_();
+    torch::Tensor out;
+    const auto ops = mixprec::testing::ops_run_by([&] {
+      std::vector<torch::Tensor> in;
+      for (const auto& t : qkv.split(C, 2)) {
+        const auto head = t.view({B, T, H, D}).transpose(1, 2);
+        in.push_back(dense ? head.contiguous() : head);
+      }
+      out = scaled_dot_product_attention(in[0], in[1], in[2], 0.0, true, AttentionKernel::kMatmul)
+                .transpose(1, 2)
+                .reshape({B, T, C});
+      out.backward(grad);
+    });
+    return std::tuple{out, qkv.grad(),
+                      std::count(ops.begin(), ops.end(), std::string("aten::copy_"))};
+  };
+  const auto [out, grad_qkv, copies] = run(false);
+  const auto [out_dense, grad_dense, copies_dense] = run(true);
+  EXPECT_TRUE(torch::equal(out, out_dense));
+  EXPECT_TRUE(torch::equal(grad_qkv, grad_dense));
+  EXPECT_EQ(copies, 0);  // (the split's backward is a cat)
+  EXPECT_GT(copies_dense, 0);
+}
+
+// Keys and values shared by all heads as views (expanded, stride 0 along the heads, as
+// multi-query attention makes them): the bf16 brgemm kernels read them where they are, and
+// autograd sums the heads' gradients; the same as LibTorch's SDPA in fp64, within bf16's error.
+TEST(Attention, Bf16KernelsReadKeysExpandedAcrossHeads) {
+  if (!kernels_built() || !mixprec::models::kernels::bf16_brgemm_runs())
+    GTEST_SKIP() << "no AVX2/AVX-512 kernels or no bf16 brgemm on this CPU";
+  torch::manual_seed(8);
+  const auto q0 = torch::randn({2, 4, 40, 16}), k0 = torch::randn({2, 1, 40, 16}),
+             v0 = torch::randn({2, 1, 40, 16});
+  const auto grad = torch::randn({2, 4, 40, 16});
+  auto run = [&](torch::ScalarType dtype, bool ours) {
+    std::vector<torch::Tensor> leaves;
+    for (const auto& t : {q0, k0, v0}) leaves.push_back(t.to(dtype).requires_grad_());
+    const auto k = leaves[1].expand({2, 4, 40, 16}), v = leaves[2].expand({2, 4, 40, 16});
+    const auto grad_out = grad.to(dtype);
+    torch::Tensor out;
+    const auto ops = mixprec::testing::ops_run_by([&] {
+      out = ours
+                ? scaled_dot_product_attention(leaves[0], k, v, 0.0, true, AttentionKernel::kMatmul)
+                : at::scaled_dot_product_attention(leaves[0], k, v, {}, 0.0, true);
+      out.backward(grad_out);
+    });
+    if (ours) {
+      EXPECT_EQ(std::count(ops.begin(), ops.end(), std::string("aten::bmm")), 0);
+      EXPECT_EQ(std::count(ops.begin(), ops.end(), std::string("aten::copy_")), 0);
+    }
+    std::vector<torch::Tensor> r{out.to(torch::kDouble)};
+    for (const auto& t : leaves) r.push_back(t.grad().to(torch::kDouble));
+    return r;
+  };
+  const auto got = run(torch::kBFloat16, true);
+  const auto want = run(torch::kDouble, false);
+  for (size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(got[i].sizes(), want[i].sizes()) << "tensor " << i;
+    EXPECT_LE(((got[i] - want[i]).norm() / want[i].norm()).item<double>(), 2e-2) << "tensor " << i;
+  }
+}
+
+// GPT-2's attention on its packed projection: the same bits as the split, the heads, kAuto's
+// kernel and the merge, and, where that is the bf16 matmul kernel on brgemm, without a copy or
+// a cat. A qkv that does not split is a clear error.
+TEST(Attention, PackedSelfAttentionIsTheSplitHeadsAndMerge) {
+  torch::manual_seed(7);
+  const int64_t B = 2, H = 2, C = 32;
+  // T 41: an odd number of keys, which the brgemm kernels do not take. A strided gradient (as a
+  // sum of slices gives) is copied.
+  for (auto [dtype, T, strided] : {std::tuple{torch::kBFloat16, int64_t{40}, false},
+                                   {torch::kBFloat16, int64_t{40}, true},
+                                   {torch::kBFloat16, int64_t{41}, true},
+                                   {torch::kFloat, int64_t{40}, true}}) {
+    SCOPED_TRACE(::testing::Message() << dtype << " T " << T << " strided " << strided);
+    const auto packed = torch::randn({B, T, 3 * C}).to(dtype);
+    const auto wide = torch::randn({B, T, 2 * C}).to(dtype);
+    const auto grad = strided ? wide.narrow(2, 1, C) : wide.narrow(2, 0, C).contiguous();
+    auto run = [&](bool ours) {
+      const auto qkv = packed.clone().requires_grad_();
+      torch::Tensor out;
+      const auto ops = mixprec::testing::ops_run_by([&] {
+        if (ours) {
+          out = mixprec::models::packed_self_attention(qkv, H, 0.0, true);
+        } else {
+          std::vector<torch::Tensor> in;
+          for (const auto& t : qkv.split(C, 2))
+            in.push_back(t.view({B, T, H, C / H}).transpose(1, 2));
+          out = scaled_dot_product_attention(in[0], in[1], in[2], 0.0, true)
+                    .transpose(1, 2)
+                    .reshape({B, T, C});
+        }
+        out.backward(grad);
+      });
+      return std::tuple{out, qkv.grad(), ops};
+    };
+    const auto [out, grad_qkv, ops] = run(true);
+    const auto [out_ref, grad_ref, ops_ref] = run(false);
+    EXPECT_TRUE(same(out, out_ref));
+    EXPECT_TRUE(same(grad_qkv, grad_ref));
+    const auto count = [](const std::vector<std::string>& ops, const char* name) {
+      return std::count(ops.begin(), ops.end(), std::string(name));
+    };
+    if (dtype == torch::kBFloat16 && T % 2 == 0 && !strided && kernels_built() &&
+        mixprec::models::kernels::bf16_brgemm_runs()) {
+      EXPECT_EQ(count(ops, "aten::cat") + count(ops, "aten::copy_"), 0);
+      EXPECT_EQ(count(ops_ref, "aten::cat"), 1);
+    }
+  }
+  const auto odd = torch::randn({2, 5, 3 * 32 + 1});
+  try {
+    mixprec::models::packed_self_attention(odd, 2, 0.0, true);
+    FAIL() << "a qkv of 97 columns was accepted";
+  } catch (const c10::Error& e) {
+    EXPECT_NE(std::string(e.what_without_backtrace()).find("(B, T, 3 * C)"), std::string::npos)
+        << e.what_without_backtrace();
+  }
+}
+
 TEST(Attention, MatmulKernelRejectsWhatItCannotRun) {
   if (!kernels_built()) GTEST_SKIP() << "no AVX2/AVX-512 kernels on this CPU";
   auto in = qkv(8, torch::kFloat);
@@ -283,6 +430,20 @@ TEST(Attention, MatmulKernelRejectsWhatItCannotRun) {
       scaled_dot_product_attention(in[0].to(torch::kDouble), in[1].to(torch::kDouble),
                                    in[2].to(torch::kDouble), 0.0, true, AttentionKernel::kMatmul),
       c10::Error);
+  // Differentiable once: a gradient of a gradient through it would miss its second-order terms.
+  for (auto dtype : {torch::kFloat, torch::kBFloat16}) {
+    const auto q = in[0].to(dtype).detach().requires_grad_();
+    const auto out = scaled_dot_product_attention(q, in[1].to(dtype), in[2].to(dtype), 0.0, true,
+                                                  AttentionKernel::kMatmul);
+    try {
+      torch::autograd::grad({out.sum()}, {q}, {}, /*retain_graph=*/true, /*create_graph=*/true);
+      FAIL() << "create_graph was accepted";
+    } catch (const c10::Error& e) {
+      EXPECT_NE(std::string(e.what_without_backtrace()).find("differentiable once"),
+                std::string::npos)
+          << e.what_without_backtrace();
+    }
+  }
   // kAuto falls back to a LibTorch kernel where the matmul one cannot run (dropout).
   EXPECT_NE(mixprec::models::choose_attention_kernel(in[0], in[1], in[2], 0.1),
             AttentionKernel::kMatmul);

@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 #include <mixprec/amp/autocast.h>
+#include <mixprec/amp/fp16_cpu.h>
 #include <torch/torch.h>
 
 #include <c10/util/ScopeExit.h>
@@ -65,22 +66,25 @@ TEST(Linear, MatchesFp64InBothLayoutsWithAndWithoutBias) {
   }
 }
 
-// fp32 CPU tensors outside autocast go to oneDNN (output and input gradient; the weight
-// gradient where its matmul takes fp32) wherever LibTorch has it on; everything else to
-// LibTorch's op, which autocast and mixprec's fp16 path see.
-TEST(Linear, TakesOnednnForFp32OutsideAutocastOnly) {
+// fp32 CPU tensors outside autocast, and bf16 ones in or out of bf16 autocast (which casts fp32
+// ones), go to oneDNN (output and input gradient; the weight gradient where its matmul takes
+// fp32) wherever LibTorch has it on and runs it in that dtype; everything else to LibTorch's op,
+// which autocast and mixprec's fp16 path see.
+TEST(Linear, TakesOnednnForFp32AndBf16) {
   EXPECT_EQ(mixprec::models::linear_uses_onednn(), at::hasMKLDNN());
   const auto square = torch::randn({2, 2});
   const bool onednn_mm = mixprec::kernels::onednn_mm_takes(square.t(), square);
+  const bool onednn_bf16 = mixprec::kernels::onednn_linear_available(torch::kBFloat16);
 #if (TORCH_VERSION_MAJOR > 2 || (TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR >= 13)) && \
     defined(__x86_64__)
-  // Found by its mangled name, and takes fp32 where the CPU passes its check.
+  // Found by its mangled name, and takes fp32 where the CPU passes its check (bf16 too).
   if (__builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
       __builtin_cpu_supports("avx512dq")) {
     EXPECT_EQ(onednn_mm, at::hasMKLDNN());
+    EXPECT_EQ(onednn_bf16, at::hasMKLDNN());
   }
 #endif
-  auto ops_of = [](torch::ScalarType dtype, bool autocast) {
+  auto ops_of = [](torch::ScalarType dtype, std::optional<torch::ScalarType> autocast) {
     const auto x = torch::randn({4, 8, 16}, dtype).requires_grad_();
     const auto w = torch::randn({16, 24}, dtype).requires_grad_();
     const auto b = torch::zeros({24}, dtype).requires_grad_();
@@ -88,28 +92,43 @@ TEST(Linear, TakesOnednnForFp32OutsideAutocastOnly) {
       torch::Tensor y;
       {
         std::optional<mixprec::amp::Autocast> guard;
-        if (autocast) guard.emplace(torch::kCPU, torch::kBFloat16);
+        if (autocast) guard.emplace(torch::kCPU, *autocast);
         y = linear(x, w, b, WeightLayout::kInOut);
-        if (autocast) {
-          EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
-        }
+        EXPECT_EQ(y.scalar_type(), autocast.value_or(dtype));
       }
       y.to(torch::kFloat).sum().backward();
+      EXPECT_EQ(w.grad().scalar_type(), dtype);
     });
   };
   auto count = [](const std::vector<std::string>& ops, const std::string& name) {
     return std::count(ops.begin(), ops.end(), name);
   };
-  const auto fp32 = ops_of(torch::kFloat, false);
+  const auto fp32 = ops_of(torch::kFloat, std::nullopt);
   EXPECT_EQ(count(fp32, "mkldnn::_linear_pointwise"), at::hasMKLDNN() ? 2 : 0);
   EXPECT_EQ(count(fp32, "mixprec::onednn_mm"), onednn_mm ? 1 : 0);
   EXPECT_EQ(count(fp32, "aten::addmm"), at::hasMKLDNN() ? 0 : 1);
-  for (auto [dtype, autocast] :
-       {std::pair{torch::kFloat, true}, {torch::kBFloat16, false}, {torch::kDouble, false}}) {
+  for (auto [dtype, autocast] : {std::pair{torch::kFloat, std::optional(torch::kBFloat16)},
+                                 {torch::kBFloat16, std::optional(torch::kBFloat16)},
+                                 {torch::kBFloat16, std::nullopt}}) {
+    SCOPED_TRACE(::testing::Message() << dtype << (autocast ? " autocast" : ""));
     const auto ops = ops_of(dtype, autocast);
-    EXPECT_EQ(count(ops, "mkldnn::_linear_pointwise"), 0) << dtype << (autocast ? " autocast" : "");
-    EXPECT_EQ(count(ops, "mixprec::onednn_mm"), 0) << dtype << (autocast ? " autocast" : "");
-    EXPECT_GE(count(ops, "aten::addmm"), 1) << dtype << (autocast ? " autocast" : "");
+    EXPECT_EQ(count(ops, "mkldnn::_linear_pointwise"), onednn_bf16 ? 2 : 0);
+    EXPECT_EQ(count(ops, "mixprec::onednn_mm"), 0);  // the bf16 weight gradient: at::mm
+    // (Under autocast, LibTorch's op records aten::addmm twice: autocast's wrapper calls it.)
+    EXPECT_EQ(count(ops, "aten::addmm") == 0, onednn_bf16);
+  }
+  // fp16 autocast with LibTorch's fp16 kernels (mixprec's fast path, where it runs, computes
+  // LibTorch's addmm on oneDNN's fp32 GEMMs itself: amp/fp16_cpu.h).
+  const auto path = mixprec::amp::fp16_cpu_path();
+  mixprec::amp::set_fp16_cpu_path(mixprec::amp::Fp16CpuPath::kNever);
+  const auto restore_path = c10::make_scope_exit([&] { mixprec::amp::set_fp16_cpu_path(path); });
+  for (auto [dtype, autocast] :
+       {std::pair{torch::kFloat, std::optional(torch::kHalf)}, {torch::kDouble, std::nullopt}}) {
+    SCOPED_TRACE(::testing::Message() << dtype << (autocast ? " fp16 autocast" : ""));
+    const auto ops = ops_of(dtype, autocast);
+    EXPECT_EQ(count(ops, "mkldnn::_linear_pointwise"), 0);
+    EXPECT_EQ(count(ops, "mixprec::onednn_mm"), 0);
+    EXPECT_GE(count(ops, "aten::addmm"), 1);
   }
   // A bias LibTorch broadcasts but that is not (out): LibTorch's op.
   const auto x = torch::randn({4, 16}), w = torch::randn({16, 24}), b = torch::randn({1});
@@ -123,11 +142,70 @@ TEST(Linear, TakesOnednnForFp32OutsideAutocastOnly) {
   const auto restore =
       c10::make_scope_exit([&] { at::globalContext().setUserEnabledMkldnn(was_enabled); });
   EXPECT_FALSE(mixprec::models::linear_uses_onednn());
-  const auto off = ops_of(torch::kFloat, false);
+  const auto off = ops_of(torch::kFloat, std::nullopt);
   EXPECT_EQ(count(off, "mkldnn::_linear_pointwise"), 0);
   EXPECT_EQ(count(off, "mixprec::onednn_mm"), 0);
   EXPECT_FALSE(mixprec::kernels::onednn_mm_takes(square.t(), square));
   EXPECT_EQ(count(off, "aten::addmm"), 1);
+  const auto bf16_off = ops_of(torch::kFloat, torch::kBFloat16);
+  EXPECT_EQ(count(bf16_off, "mkldnn::_linear_pointwise"), 0);
+  EXPECT_GE(count(bf16_off, "aten::addmm"), 1);
+}
+
+// Under bf16 autocast: LibTorch's autocast op's result (within a bf16 rounding of its largest
+// entry: the same products, the bias added in the GEMM rather than before it) and gradients
+// (within two); autocast's casts, a weight's cast once per region.
+TEST(Linear, Bf16AutocastMatchesLibTorchsAutocastOp) {
+  mixprec::kernels::onednn_linear_available(torch::kBFloat16);  // its probe's ops not counted
+  torch::manual_seed(2);
+  for (auto layout : {WeightLayout::kOutIn, WeightLayout::kInOut})
+    for (bool with_bias : {true, false}) {
+      const bool in_out = layout == WeightLayout::kInOut;
+      SCOPED_TRACE(std::string(in_out ? "(in, out)" : "(out, in)") +
+                   (with_bias ? ", bias" : ", no bias"));
+      const int64_t in = 48, out = 80;
+      const auto x0 = torch::randn({3, 17, in});
+      const auto w0 = in_out ? torch::randn({in, out}) : torch::randn({out, in});
+      const auto b0 = with_bias ? torch::randn({out}) : torch::Tensor();
+      const auto dy = torch::randn({3, 17, out});
+      auto run = [&](bool ours) {
+        auto x = x0.clone().requires_grad_(), w = w0.clone().requires_grad_();
+        auto b = with_bias ? b0.clone().requires_grad_() : torch::Tensor();
+        torch::Tensor y, y2;
+        const auto ops = mixprec::testing::ops_run_by([&] {
+          mixprec::amp::Autocast guard(torch::kCPU, torch::kBFloat16);
+          const auto layer = [&](const torch::Tensor& input) {
+            if (ours) return linear(input, w, b, layout);
+            const auto bias = with_bias ? std::optional(b) : std::nullopt;
+            if (!in_out) return at::linear(input, w, bias);
+            const auto flat = input.reshape({-1, in});
+            return (with_bias ? at::addmm(b, flat, w) : at::mm(flat, w)).view({3, 17, out});
+          };
+          y = layer(x);
+          y2 = layer(x0);  // the weight's cast from autocast's cache
+        });
+        EXPECT_EQ(y.scalar_type(), torch::kBFloat16);
+        y.backward(dy.to(torch::kBFloat16));
+        return std::tuple{y.to(torch::kFloat),
+                          std::vector{x.grad(), w.grad(), b.defined() ? b.grad() : torch::Tensor()},
+                          std::count(ops.begin(), ops.end(), std::string("aten::_to_copy"))};
+      };
+      const auto [y, grads, casts] = run(true);
+      const auto [y_ref, grads_ref, casts_ref] = run(false);
+      const auto close = [](const torch::Tensor& got, const torch::Tensor& want, double ulps) {
+        return (got - want).abs().max().item<double>() <=
+               ulps * std::ldexp(1.0, -8) * want.abs().max().item<double>();
+      };
+      EXPECT_TRUE(close(y, y_ref, 1));
+      for (size_t i = 0; i < grads.size(); ++i) {
+        ASSERT_EQ(grads[i].defined(), grads_ref[i].defined()) << i;
+        if (!grads[i].defined()) continue;
+        EXPECT_EQ(grads[i].scalar_type(), torch::kFloat) << i;
+        EXPECT_TRUE(close(grads[i], grads_ref[i], 2)) << i;
+      }
+      EXPECT_EQ(casts, casts_ref);
+      EXPECT_EQ(casts, with_bias ? 4 : 3);  // x, w, b, then x0 only
+    }
 }
 
 // Each of x, weight and bias with or without requires_grad; the output modified in place, as

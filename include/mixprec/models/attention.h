@@ -20,11 +20,14 @@ enum class AttentionKernel {
 /// does, and runs fp16 inputs in fp32 throughout. For bf16, where oneDNN's bf16 brgemm runs
 /// (head dims and keys even, no broadcast batch dims; on AMX too), all six GEMMs are brgemm's
 /// fp32 sums of the exact products, 32 rows at a time and only the blocks a causal mask keeps
-/// (about half).
+/// (about half); they read the inputs where they are when each row is contiguous (a model's
+/// heads, views of its projection), and give the output and the gradients dense, in the
+/// inputs' dim order (for heads of a (B, T, heads, head dim) tensor, merging them is a view).
 /// Tested against fp64 (attention_test.cpp): for bf16, the output within 1.5x the error of
 /// LibTorch's bf16 kernel (it rounds normalized probabilities where flash rounds exp(s - max),
 /// exactly 1 at the max), the gradients within 2x (its backward reads the probabilities
 /// rounded where flash recomputes them in fp32; both about one bf16 rounding).
+/// kMatmul is differentiable once (a backward through it with create_graph is an error).
 /// kMatmul keeps the (B, heads, Lq, Lk) probabilities for backward (and, but for bf16 with
 /// brgemm, makes the scores and their gradient in fp32 whole, for a moment), so kAuto picks it
 /// for short sequences only.
@@ -69,6 +72,17 @@ enum class AttentionKernel {
 at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key,
                                         const at::Tensor& value, double dropout_p, bool is_causal,
                                         AttentionKernel kernel = AttentionKernel::kAuto);
+
+/// GPT-2's self-attention on its packed projection: qkv (B, T, 3 C) holds the queries, keys and
+/// values of n_head heads side by side (c_attn's output); the result is (B, T, C), the heads'
+/// outputs side by side (what c_proj takes). The same as splitting qkv in three, viewing each
+/// as (B, n_head, T, C / n_head) heads, `scaled_dot_product_attention` (kAuto) and merging the
+/// heads, which is what runs unless kAuto picks kMatmul on its bf16 brgemm kernels: there the
+/// kernels read the heads where they are and write the output and the gradients where the
+/// merge and qkv's gradient have them, so that neither the merge nor the split's backward (a
+/// cat of the three gradients) copies them.
+at::Tensor packed_self_attention(const at::Tensor& qkv, int64_t n_head, double dropout_p,
+                                 bool is_causal);
 
 /// The kernel kAuto runs for these inputs on this CPU (the rule above).
 AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tensor& key,

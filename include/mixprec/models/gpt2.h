@@ -39,7 +39,7 @@ struct GPT2Config {
 
 /// HF's `Conv1D`: a linear layer whose weight is stored (in, out), so checkpoints load without a
 /// transpose; `models::linear` with WeightLayout::kInOut (HF's addmm; oneDNN's GEMMs for fp32
-/// CPU tensors outside autocast).
+/// CPU tensors outside autocast and for bf16 ones, under bf16 autocast too).
 class Conv1DImpl : public torch::nn::Module {
  public:
   Conv1DImpl(int64_t in_features, int64_t out_features);

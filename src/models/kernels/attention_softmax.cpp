@@ -159,26 +159,26 @@ void product(int64_t M, int64_t N, int64_t K, const at::BFloat16* a, int64_t ld_
 #endif
 }
 
-// b (L, D) bf16 as oneDNN's VNNI-2 layout of its transpose, (D/2, L, 2): what brgemm takes for
-// B = bᵀ. Pairs along D move together, as 32-bit words.
-void pack_transposed(const at::BFloat16* b, int64_t L, int64_t D, at::BFloat16* out) {
-  const auto* src = reinterpret_cast<const uint32_t*>(b);
+// b (L, D) bf16, rows ld_b apart, as oneDNN's VNNI-2 layout of its transpose, (D/2, L, 2): what
+// brgemm takes for B = bᵀ. Pairs along D move together, as 32-bit words.
+void pack_transposed(const at::BFloat16* b, int64_t ld_b, int64_t L, int64_t D, at::BFloat16* out) {
   auto* dst = reinterpret_cast<uint32_t*>(out);
   const int64_t pairs = D / 2;
   for (int64_t t = 0; t < L; ++t)
-    for (int64_t i = 0; i < pairs; ++i) dst[i * L + t] = src[t * pairs + i];
+    for (int64_t i = 0; i < pairs; ++i)
+      std::memcpy(dst + i * L + t, b + t * ld_b + 2 * i, sizeof(uint32_t));  // any alignment
 }
 
-// b (L, N) bf16 as oneDNN's VNNI-2 layout, (L/2, N, 2) (a zero row after an odd L): what brgemm
-// takes for B = b. Rows t and t + 1 interleave into 32-bit words.
-void pack(const at::BFloat16* b, int64_t L, int64_t N, at::BFloat16* out) {
+// b (L, N) bf16, rows ld_b apart, as oneDNN's VNNI-2 layout, (L/2, N, 2) (a zero row after an odd
+// L): what brgemm takes for B = b. Rows t and t + 1 interleave into 32-bit words.
+void pack(const at::BFloat16* b, int64_t ld_b, int64_t L, int64_t N, at::BFloat16* out) {
   const auto* src = reinterpret_cast<const uint16_t*>(b);
   auto* dst = reinterpret_cast<uint32_t*>(out);
   for (int64_t t = 0; t < L; t += 2) {
-    const uint16_t* lo = src + t * N;
+    const uint16_t* lo = src + t * ld_b;
     uint32_t* row = dst + t / 2 * N;
     if (t + 1 < L) {
-      const uint16_t* hi = lo + N;
+      const uint16_t* hi = lo + ld_b;
 #pragma omp simd
       for (int64_t n = 0; n < N; ++n) row[n] = lo[n] | uint32_t{hi[n]} << 16;
     } else {
@@ -188,12 +188,55 @@ void pack(const at::BFloat16* b, int64_t L, int64_t N, at::BFloat16* out) {
   }
 }
 
-// rows x N fp32 (ld N) rounded once into bf16 rows (ld N).
-void round_rows(const float* c, int64_t rows, int64_t N, at::BFloat16* out) {
-  for_each_vector<at::BFloat16>(rows * N, [&](int64_t j, int64_t count) {
-    store(out + j, load_fp32<at::BFloat16>(c + j, count), count);
-  });
+// rows x N fp32 (ld N) rounded once into bf16 rows, ld_out apart.
+void round_rows(const float* c, int64_t rows, int64_t N, at::BFloat16* out, int64_t ld_out) {
+  if (ld_out == N) {
+    for_each_vector<at::BFloat16>(rows * N, [&](int64_t j, int64_t count) {
+      store(out + j, load_fp32<at::BFloat16>(c + j, count), count);
+    });
+    return;
+  }
+  for (int64_t i = 0; i < rows; ++i)
+    for_each_vector<at::BFloat16>(N, [&](int64_t j, int64_t count) {
+      store(out + i * ld_out + j, load_fp32<at::BFloat16>(c + i * N + j, count), count);
+    });
 }
+
+// Where the matrices (..., rows, cols) of t start, in elements from its data pointer, in order
+// over the leading dims (their strides any).
+std::vector<int64_t> matrix_offsets(const at::Tensor& t) {
+  const int64_t lead = t.dim() - 2;
+  std::vector<int64_t> index(lead, 0), offsets;
+  const int64_t count = t.numel() / (t.size(-2) * t.size(-1));
+  offsets.reserve(count);
+  for (int64_t n = 0; n < count; ++n) {
+    int64_t offset = 0;
+    for (int64_t d = 0; d < lead; ++d) offset += index[d] * t.stride(d);
+    offsets.push_back(offset);
+    for (int64_t d = lead - 1; d >= 0 && ++index[d] == t.size(d); --d) index[d] = 0;
+  }
+  return offsets;
+}
+
+// A bf16 tensor's matrices (..., rows, cols), each row contiguous: the n-th at at(n), rows ld
+// apart.
+template <typename T>
+struct Matrices {
+  T* data;
+  int64_t ld;
+  std::vector<int64_t> offsets;
+  explicit Matrices(const at::Tensor& t) : ld(t.stride(-2)), offsets(matrix_offsets(t)) {
+    TORCH_INTERNAL_ASSERT(t.stride(-1) == 1, "attention: a bf16 operand's rows must be dense");
+    if constexpr (std::is_const_v<T>) {
+      data = t.const_data_ptr<at::BFloat16>();
+    } else {
+      data = t.data_ptr<at::BFloat16>();
+    }
+  }
+  T* at(int64_t n) const { return data + offsets[n]; }
+};
+using In = Matrices<const at::BFloat16>;
+using Out = Matrices<at::BFloat16>;
 
 // One tile, M, N <= 32: ATen's vectorized transpose where this LibTorch has one of a runtime
 // size (its AVX-512 build; a loop in its AVX2 one), else a loop.
@@ -241,27 +284,25 @@ void attention_bf16_forward(const at::Tensor& q, const at::Tensor& k, const at::
                             bool causal, float scale, const at::Tensor& probs,
                             const at::Tensor& out) {
   const int64_t Lq = q.size(-2), D = q.size(-1), Lk = k.size(-2), Dv = v.size(-1);
-  const auto* qs = q.const_data_ptr<at::BFloat16>();
-  const auto* ks = k.const_data_ptr<at::BFloat16>();
-  const auto* vs = v.const_data_ptr<at::BFloat16>();
+  const In qs(q), ks(k), vs(v);
+  const Out os(out);
   auto* ps = probs.data_ptr<at::BFloat16>();
-  auto* os = out.data_ptr<at::BFloat16>();
   at::parallel_for(0, q.numel() / (Lq * D), 1, [&](int64_t begin, int64_t end) {
     const BrgemmContext context;
     std::vector<at::BFloat16> k_packed(Lk * D), v_packed(Lk * Dv);
     std::vector<float> block(kRows * std::max(Lk, Dv));
     for (int64_t h = begin; h < end; ++h) {
-      pack_transposed(ks + h * Lk * D, Lk, D, k_packed.data());
-      pack(vs + h * Lk * Dv, Lk, Dv, v_packed.data());
+      pack_transposed(ks.at(h), ks.ld, Lk, D, k_packed.data());
+      pack(vs.at(h), vs.ld, Lk, Dv, v_packed.data());
       for (int64_t m = 0; m < Lq; m += kRows) {
         const int64_t rows = std::min(kRows, Lq - m), cols = kept(m + rows - 1, Lq, Lk, causal);
         auto* p = ps + (h * Lq + m) * Lk;
-        product(rows, cols, D, qs + (h * Lq + m) * D, D, k_packed.data(), Lk, block.data(), Lk);
+        product(rows, cols, D, qs.at(h) + m * qs.ld, qs.ld, k_packed.data(), Lk, block.data(), Lk);
         for (int64_t i = 0; i < rows; ++i)
           softmax_row(block.data() + i * Lk, kept(m + i, Lq, Lk, causal), Lk, scale, p + i * Lk);
         // Lk is even, so the column past an odd cols is a masked 0 of every row here.
         product(rows, Dv, round_up_even(cols), p, Lk, v_packed.data(), Dv, block.data(), Dv);
-        round_rows(block.data(), rows, Dv, os + (h * Lq + m) * Dv);
+        round_rows(block.data(), rows, Dv, os.at(h) + m * os.ld, os.ld);
       }
     }
   });
@@ -276,14 +317,9 @@ void attention_bf16_backward(const at::Tensor& q, const at::Tensor& k, const at:
                              const at::Tensor& grad_v) {
   const int64_t Lq = q.size(-2), D = q.size(-1), Lk = k.size(-2), Dv = v.size(-1);
   const int64_t Lq2 = round_up_even(Lq);  // the transposes' rows: VNNI pairs of queries
-  const auto* qs = q.const_data_ptr<at::BFloat16>();
-  const auto* ks = k.const_data_ptr<at::BFloat16>();
-  const auto* vs = v.const_data_ptr<at::BFloat16>();
+  const In qs(q), ks(k), vs(v), gs(grad);
+  const Out gq(grad_q), gk(grad_k), gv(grad_v);
   const auto* ps = probs.const_data_ptr<at::BFloat16>();
-  const auto* gs = grad.const_data_ptr<at::BFloat16>();
-  auto* gq = grad_q.data_ptr<at::BFloat16>();
-  auto* gk = grad_k.data_ptr<at::BFloat16>();
-  auto* gv = grad_v.data_ptr<at::BFloat16>();
   at::parallel_for(0, q.numel() / (Lq * D), 1, [&](int64_t begin, int64_t end) {
     const BrgemmContext context;
     // (For an odd Lq, the transposes' column Lq is never written: it stays 0, and the packs'
@@ -291,42 +327,44 @@ void attention_bf16_backward(const at::Tensor& q, const at::Tensor& k, const at:
     std::vector<at::BFloat16> v_packed(Lk * Dv), k_packed(Lk * D), q_packed(Lq2 * D),
         g_packed(Lq2 * Dv), ds(Lq * Lk), transposed(Lk * Lq2);
     std::vector<float> block(kRows * std::max({Lk, D, Dv}));
-    // out (keys x N, bf16) = srcᵀ b for the keys [n, n + keys) of src (Lq x Lk), b packed.
+    // out (keys x N, bf16, rows ld_out apart) = srcᵀ b for the keys [n, n + keys) of src
+    // (Lq x Lk), b packed.
     const auto transposed_product = [&](const at::BFloat16* src, const at::BFloat16* b_packed,
-                                        int64_t N, int64_t n, int64_t keys, at::BFloat16* out) {
+                                        int64_t N, int64_t n, int64_t keys, at::BFloat16* out,
+                                        int64_t ld_out) {
       // Causal (top-left): query r sees key j when j <= r, so the keys from n on are seen by
       // the queries from n on only (none when n >= Lq: their gradients are 0).
       const int64_t first = causal ? std::min(n, Lq2) : 0, K = Lq2 - first;
       if (K == 0) {
-        std::fill_n(out, keys * N, at::BFloat16(0));
+        for (int64_t i = 0; i < keys; ++i) std::fill_n(out + i * ld_out, N, at::BFloat16(0));
         return;
       }
       auto* t = transposed.data();
       transpose(src, Lk, first, Lq, n, n + keys, t, Lq2);
       product(keys, N, K, t + n * Lq2 + first, Lq2, b_packed + first * N, N, block.data(), N);
-      round_rows(block.data(), keys, N, out);
+      round_rows(block.data(), keys, N, out, ld_out);
     };
     for (int64_t h = begin; h < end; ++h) {
       const auto* p = ps + h * Lq * Lk;
-      const auto* g = gs + h * Lq * Dv;
-      pack_transposed(vs + h * Lk * Dv, Lk, Dv, v_packed.data());
-      pack(ks + h * Lk * D, Lk, D, k_packed.data());
+      const auto* g = gs.at(h);
+      pack_transposed(vs.at(h), vs.ld, Lk, Dv, v_packed.data());
+      pack(ks.at(h), ks.ld, Lk, D, k_packed.data());
       for (int64_t m = 0; m < Lq; m += kRows) {
         const int64_t rows = std::min(kRows, Lq - m), cols = kept(m + rows - 1, Lq, Lk, causal);
-        product(rows, cols, Dv, g + m * Dv, Dv, v_packed.data(), Lk, block.data(), Lk);
+        product(rows, cols, Dv, g + m * gs.ld, gs.ld, v_packed.data(), Lk, block.data(), Lk);
         for (int64_t i = 0; i < rows; ++i)
           softmax_backward_row(p + (m + i) * Lk, block.data() + i * Lk, kept(m + i, Lq, Lk, causal),
                                Lk, scale, ds.data() + (m + i) * Lk);
         product(rows, D, round_up_even(cols), ds.data() + m * Lk, Lk, k_packed.data(), D,
                 block.data(), D);
-        round_rows(block.data(), rows, D, gq + (h * Lq + m) * D);
+        round_rows(block.data(), rows, D, gq.at(h) + m * gq.ld, gq.ld);
       }
-      pack(qs + h * Lq * D, Lq, D, q_packed.data());
-      pack(g, Lq, Dv, g_packed.data());
+      pack(qs.at(h), qs.ld, Lq, D, q_packed.data());
+      pack(g, gs.ld, Lq, Dv, g_packed.data());
       for (int64_t n = 0; n < Lk; n += kRows) {
         const int64_t keys = std::min(kRows, Lk - n);
-        transposed_product(ds.data(), q_packed.data(), D, n, keys, gk + (h * Lk + n) * D);
-        transposed_product(p, g_packed.data(), Dv, n, keys, gv + (h * Lk + n) * Dv);
+        transposed_product(ds.data(), q_packed.data(), D, n, keys, gk.at(h) + n * gk.ld, gk.ld);
+        transposed_product(p, g_packed.data(), Dv, n, keys, gv.at(h) + n * gv.ld, gv.ld);
       }
     }
   });

@@ -13,10 +13,13 @@
 // grad_scores); grad_scores: contiguous, probs' dtype (float: may be grad_probs
 // itself).
 //
-// attention_bf16_forward / _backward: all of the attention from contiguous
-// bf16 q (.., Lq, D), k (.., Lk, D), v (.., Lk, Dv) with the same leading
-// dims: forward, the probabilities and out = probs v; backward, from them and
-// grad (.., Lq, Dv), the three input gradients. Every GEMM is oneDNN's brgemm
+// attention_bf16_forward / _backward: all of the attention from bf16
+// q (.., Lq, D), k (.., Lk, D), v (.., Lk, Dv) with the same leading dims:
+// forward, the contiguous probabilities and out = probs v; backward, from them
+// and grad (.., Lq, Dv), the three input gradients. q, k, v, out, grad and the
+// gradients may have any strides but a last one of 1 (the heads of a packed
+// projection are read and written where they are); the outputs' rows must not
+// overlap. Every GEMM is oneDNN's brgemm
 // with fp32 sums, by blocks of 32 rows, never whole (causal: only the blocks
 // the mask keeps). The scores and the probabilities' gradient stay fp32; the
 // probabilities, the scores' gradient and the products are rounded once to
