@@ -174,7 +174,7 @@ data::DataLoaderOptions Accelerator::prepared_loader_options(data::DataLoaderOpt
       options.shuffle_order = data::ShuffleOrder::kRandomSampler;
       if (num_processes() > 1)
         options.generator = at::make_generator<at::CPUGeneratorImpl>(
-            main_process_seed(at::empty({}, at::kLong).random_().item<int64_t>()));
+            main_process_seed(static_cast<int64_t>(data::draw_seed())));
     }
   }
   return options;

@@ -97,11 +97,6 @@ std::vector<size_t> group_by_length(std::vector<size_t> order, const std::vector
   return order;
 }
 
-// torch's RandomSampler, and what Python's DataLoader draws when a pass starts.
-uint64_t draw_from_default_generator() {
-  return static_cast<uint64_t>(at::empty({}, at::kLong).random_().item<int64_t>());
-}
-
 std::vector<uint8_t> state_bytes(at::Generator generator) {
   std::lock_guard<std::mutex> lock(generator.mutex());
   const at::Tensor state = generator.get_state();
@@ -109,6 +104,10 @@ std::vector<uint8_t> state_bytes(at::Generator generator) {
 }
 
 }  // namespace
+
+uint64_t draw_seed() {
+  return static_cast<uint64_t>(at::empty({}, at::kLong).random_().item<int64_t>());
+}
 
 std::vector<size_t> distributed_sampler_indices(size_t dataset_size, size_t num_replicas,
                                                 size_t rank, bool shuffle, uint64_t seed,
@@ -297,7 +296,7 @@ DataLoader::Iterator DataLoader::begin_from(size_t first_batch) {
   const bool resuming = resume_ && batches_yielded_ > 0;
   resume_ = false;
   batches_yielded_ = std::max(batches_yielded_, static_cast<int64_t>(first_batch));
-  if (!resuming) draw_from_default_generator();  // Python's _BaseDataLoaderIter's _base_seed
+  if (!resuming) draw_seed();  // Python's _BaseDataLoaderIter's _base_seed
   if (random_sampler()) start_pass(resuming);
   Iterator it;
   it.run_ = std::make_shared<Iterator::Run>(*this, static_cast<size_t>(batches_yielded_));
@@ -313,7 +312,7 @@ void DataLoader::start_pass(bool resuming) {
     generator = *options_.generator;
     pass_start_state_ = state_bytes(generator);
   } else {
-    if (!resuming) pass_seed_ = draw_from_default_generator();  // else load_state's
+    if (!resuming) pass_seed_ = draw_seed();  // else load_state's
     generator = at::make_generator<at::CPUGeneratorImpl>(*pass_seed_);
   }
   pass_order_ = random_order(dataset_->size(), generator);

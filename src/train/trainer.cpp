@@ -810,9 +810,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
                    resumed.batches_yielded, " batches skipped");
       const int64_t done = resumed.batches_yielded;
       resumed = loader.state_at(resumed.epoch, 0);
-      if (!resumed.generator_state)
-        resumed.pass_seed =
-            static_cast<uint64_t>(at::empty({}, at::kLong).random_().item<int64_t>());
+      if (!resumed.generator_state) resumed.pass_seed = data::draw_seed();
       resumed.batches_yielded = done;
     }
     loader.load_state(position.state);

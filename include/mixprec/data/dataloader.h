@@ -148,6 +148,11 @@ std::vector<size_t> batch_sampler_shard_indices(size_t dataset_size, size_t batc
                                                 size_t num_replicas, size_t rank, bool shuffle,
                                                 uint64_t seed, int64_t epoch, bool drop_last);
 
+/// A seed drawn from torch's default CPU generator, as torch's RandomSampler and Python's
+/// DataLoader draw theirs: `int(torch.empty((), dtype=torch.int64).random_().item())`, its
+/// 64 bits as unsigned.
+uint64_t draw_seed();
+
 /// transformers' get_length_grouped_indices: torch.randperm(lengths.size(), generator=generator)
 /// cut into megabatches of mega_batch_mult * batch_size (by default min(n / (4 * batch_size), 50),
 /// at least 1), each sorted by descending length (ties keep their order), and the longest sample
