@@ -75,8 +75,8 @@ bool onednn_mm_runs() {
   return runs;
 }
 
-bool fp32_cpu(const at::Tensor& t) {
-  return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == at::kFloat;
+bool cpu_strided(const at::Tensor& t, at::ScalarType dtype) {
+  return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == dtype;
 }
 
 // Row-major, or the transpose of a row-major tensor.
@@ -92,9 +92,7 @@ bool onednn_linear_available(at::ScalarType dtype) {
 
 bool onednn_linear_takes(const at::Tensor& x, const at::Tensor& w, const at::Tensor& bias) {
   const auto dtype = x.scalar_type();
-  const auto operand = [&](const at::Tensor& t) {
-    return t.is_cpu() && t.layout() == at::kStrided && t.scalar_type() == dtype;
-  };
+  const auto operand = [&](const at::Tensor& t) { return cpu_strided(t, dtype); };
   return x.dim() >= 1 && x.numel() > 0 && operand(x) && w.dim() == 2 && w.numel() > 0 &&
          w.size(1) == x.size(-1) && operand(w) && w.is_non_overlapping_and_dense() &&
          (!bias.defined() || (bias.dim() == 1 && bias.size(0) == w.size(0) && operand(bias))) &&
@@ -103,7 +101,7 @@ bool onednn_linear_takes(const at::Tensor& x, const at::Tensor& w, const at::Ten
 
 bool onednn_mm_takes(const at::Tensor& a, const at::Tensor& b) {
   const auto operand = [](const at::Tensor& t) {
-    return fp32_cpu(t) && t.numel() > 0 && plain_or_transposed(t);
+    return cpu_strided(t, at::kFloat) && t.numel() > 0 && plain_or_transposed(t);
   };
   return a.dim() == 2 && b.dim() == 2 && a.size(1) == b.size(0) && operand(a) && operand(b) &&
          onednn_mm_runs() && at::globalContext().userEnabledMkldnn();

@@ -152,13 +152,14 @@ struct MatmulAttention : torch::autograd::Function<MatmulAttention> {
     RECORD_FUNCTION("mixprec::attention", std::vector<c10::IValue>());
     c10::impl::ExcludeDispatchKeyGuard no_autocast(c10::autocast_dispatch_keyset);
     const auto dtype = compute_dtype(query);
+    // (The same for the dense copies below: same sizes, in query's dtype.)
+    const bool bf16 = bf16_kernels_run(query, key, value);
     // The bf16 kernels read strided rows as they are; everything else gets dense copies.
-    const bool as_is = bf16_rows(query) && bf16_rows(key) && bf16_rows(value) &&
-                       bf16_kernels_run(query, key, value);
+    const bool as_is = bf16 && bf16_rows(query) && bf16_rows(key) && bf16_rows(value);
     const auto q = as_is ? query : dense(query, dtype), k = as_is ? key : dense(key, dtype),
                v = as_is ? value : dense(value, dtype);
     at::Tensor probs, out;
-    if (bf16_kernels_run(q, k, v)) {
+    if (bf16) {
       auto shape = q.sizes().vec();
       shape.back() = k.size(-2);
       probs = at::empty(shape, q.options());

@@ -190,12 +190,6 @@ void pack(const at::BFloat16* b, int64_t ld_b, int64_t L, int64_t N, at::BFloat1
 
 // rows x N fp32 (ld N) rounded once into bf16 rows, ld_out apart.
 void round_rows(const float* c, int64_t rows, int64_t N, at::BFloat16* out, int64_t ld_out) {
-  if (ld_out == N) {
-    for_each_vector<at::BFloat16>(rows * N, [&](int64_t j, int64_t count) {
-      store(out + j, load_fp32<at::BFloat16>(c + j, count), count);
-    });
-    return;
-  }
   for (int64_t i = 0; i < rows; ++i)
     for_each_vector<at::BFloat16>(N, [&](int64_t j, int64_t count) {
       store(out + i * ld_out + j, load_fp32<at::BFloat16>(c + i * N + j, count), count);
