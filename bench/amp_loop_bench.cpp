@@ -6,6 +6,7 @@
 // time of `--steps` steps goes instead (LibTorch's profiler).
 #include <mixprec/accelerate/accelerator.h>
 #include <mixprec/amp/autocast.h>
+#include <mixprec/amp/flush_denormal.h>
 #include <mixprec/amp/grad_scaler.h>
 #include <mixprec/data/dataset.h>
 #include <mixprec/optim/adamw.h>
@@ -39,7 +40,7 @@ int main(int argc, char** argv) {
   CLI::App app{"steps/s of the level-1 loop in one configuration"};
   std::string precision = "fp32", optimizer_kind = "fused", data = "data/digits.csv";
   std::string loop = "plain";
-  bool scaler_on = false, profile = false;
+  bool scaler_on = false, profile = false, flush_denormal = false;
   int steps = 300, warmup = 30, threads = 2;
   int64_t batch_size = 64, hidden = 256;
   app.add_option("--precision", precision)->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
@@ -53,9 +54,12 @@ int main(int argc, char** argv) {
   app.add_option("--batch-size", batch_size)->check(CLI::PositiveNumber);
   app.add_option("--hidden", hidden)->check(CLI::PositiveNumber);
   app.add_flag("--profile", profile, "print each op's self time a step, to stderr");
+  app.add_flag("--flush-denormal", flush_denormal,
+               "treat subnormal floats as 0 on every thread (amp::set_flush_denormal)");
   CLI11_PARSE(app, argc, argv);
 
   torch::set_num_threads(threads);
+  if (flush_denormal) TORCH_CHECK(mixprec::amp::set_flush_denormal(true), "no FTZ/DAZ here");
   const auto [train_set, val_set] = digits::split(digits::load_csv(data), 0);
   torch::manual_seed(0);
   digits::MLP model(hidden);
