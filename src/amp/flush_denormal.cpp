@@ -2,15 +2,32 @@
 
 #include <ATen/Context.h>
 #include <ATen/Parallel.h>
+#if __has_include(<c10/util/ParallelGuard.h>)
+#include <c10/util/ParallelGuard.h>
+#endif
 
 namespace mixprec::amp {
+namespace {
+
+// In at::parallel_for's body (its serial path too), or in an OpenMP region.
+bool in_parallel_region() {
+#if __has_include(<c10/util/ParallelGuard.h>)
+  if (c10::ParallelGuard::is_enabled()) return true;
+#endif
+  return at::in_parallel_region();
+}
+
+}  // namespace
 
 bool set_flush_denormal(bool on) {
+  TORCH_CHECK(!in_parallel_region(),
+              "set_flush_denormal: called in a parallel region, where it would reach one thread");
   if (!at::globalContext().setFlushDenormal(on)) return false;
-  // One index per thread with a grain of 1: each thread of the pool runs one and sets its own
-  // mode (the calling thread is one of them, and was set above in any case).
-  at::parallel_for(0, at::get_num_threads(), 1,
-                   [on](int64_t, int64_t) { at::globalContext().setFlushDenormal(on); });
+    // Each thread of the pool sets its own mode (threads it starts later copy the caller's).
+#ifdef _OPENMP
+#pragma omp parallel
+  at::globalContext().setFlushDenormal(on);
+#endif
   return true;
 }
 
