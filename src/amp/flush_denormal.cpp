@@ -23,10 +23,11 @@ bool set_flush_denormal(bool on) {
   TORCH_CHECK(!in_parallel_region(),
               "set_flush_denormal: called in a parallel region, where it would reach one thread");
   if (!at::globalContext().setFlushDenormal(on)) return false;
-    // Each thread of the pool sets its own mode (threads it starts later copy the caller's).
 #ifdef _OPENMP
 #pragma omp parallel
-  at::globalContext().setFlushDenormal(on);
+  {  // each thread of the pool sets its own; threads it starts later copy the caller's
+    at::globalContext().setFlushDenormal(on);
+  }
 #endif
   return true;
 }
