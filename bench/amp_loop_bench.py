@@ -36,6 +36,9 @@ def main():
     p.add_argument("--scaler", action="store_true")
     p.add_argument("--loop", choices=["plain", "accelerator", "trainer"], default="plain")
     p.add_argument("--data", default="data/digits.csv")
+    p.add_argument("--max-grad-norm", type=float, default=1.0, help="the Trainer's clipping (0: none)")
+    p.add_argument("--sampling", choices=["random", "sequential"], default="random",
+                   help="the Trainer's train_sampling_strategy")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=int, default=30)
     p.add_argument("--threads", type=int, default=2)
@@ -100,7 +103,8 @@ def main():
             Classifier(model), [{"pixels": x, "labels": y} for x, y in zip(images, labels)], a.warmup, a.steps,
             fp16=a.precision == "fp16", bf16=a.precision == "bf16", per_device_train_batch_size=a.batch_size,
             dataloader_drop_last=True, learning_rate=3e-3, lr_scheduler_type="constant",
-            optim="adamw_torch_fused" if fused else "adamw_torch")
+            optim="adamw_torch_fused" if fused else "adamw_torch", max_grad_norm=a.max_grad_norm,
+            train_sampling_strategy=a.sampling)
     else:
         for i in range(a.warmup):
             step(i)
