@@ -4,9 +4,11 @@
 
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
+#include <c10/util/accumulate.h>
 
 #include <charconv>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <numeric>
@@ -208,16 +210,37 @@ Example TensorDataset::get(size_t index) const {
   return example;
 }
 
+// The largest batch (of one tensor) TensorDataset::get_batch copies row by row, on one thread.
+constexpr size_t kRowCopyBytes = size_t{256} << 10;
+
 std::optional<Batch> TensorDataset::get_batch(const std::vector<size_t>& indices) const {
-  std::vector<int64_t> rows;
-  rows.reserve(indices.size());
-  for (size_t i : indices) {
+  for (size_t i : indices)
     TORCH_CHECK(i < size_, "TensorDataset: index ", i, " out of range for size ", size_);
-    rows.push_back(static_cast<int64_t>(i));
-  }
-  const at::Tensor index = at::tensor(rows, at::kLong);
   Batch batch;
-  for (const auto& [name, t] : tensors_) batch[name] = t.index_select(0, index.to(t.device()));
+  at::Tensor index;  // for index_select, made once
+  for (const auto& [name, t] : tensors_) {
+    // A small batch of plain rows is copied row by row: inside the digits MLP's training step,
+    // its 16 KB batch took index_select and the index tensor about twice as long (~10 us more,
+    // ~1.5% of the step). index_select, which splits large gathers across threads, for the rest.
+    const size_t row_bytes =
+        c10::multiply_integers(t.sizes().begin() + 1, t.sizes().end()) * t.element_size();
+    if (t.is_cpu() && t.layout() == at::kStrided && t.is_contiguous() && !t.requires_grad() &&
+        !t.is_conj() && !t.is_neg() && !t.is_quantized() &&
+        row_bytes * indices.size() <= kRowCopyBytes) {
+      auto sizes = t.sizes().vec();
+      sizes[0] = static_cast<int64_t>(indices.size());
+      at::Tensor rows = at::empty(sizes, t.options());
+      const auto* from = static_cast<const char*>(t.const_data_ptr());
+      auto* to = static_cast<char*>(rows.mutable_data_ptr());
+      for (size_t k = 0; k < indices.size(); ++k)
+        std::memcpy(to + k * row_bytes, from + indices[k] * row_bytes, row_bytes);
+      batch[name] = std::move(rows);
+      continue;
+    }
+    if (!index.defined())
+      index = at::tensor(std::vector<int64_t>(indices.begin(), indices.end()), at::kLong);
+    batch[name] = t.index_select(0, index.to(t.device()));
+  }
   return batch;
 }
 

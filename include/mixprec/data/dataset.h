@@ -58,7 +58,8 @@ class TensorDataset : public Dataset {
                                                  const std::string& label_column);
   size_t size() const override { return size_; }
   Example get(size_t index) const override;
-  /// One index_select per tensor, where get() + collate() select and stack sample by sample.
+  /// Each tensor's rows at once (copied row by row up to 256 KB, else one index_select), where
+  /// get() + collate() select and stack sample by sample.
   std::optional<Batch> get_batch(const std::vector<size_t>& indices) const override;
   const std::map<std::string, at::Tensor>& tensors() const { return tensors_; }
 
