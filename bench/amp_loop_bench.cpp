@@ -9,9 +9,10 @@
 // --interleave N times the Accelerator or the Trainer against the plain loop in one process
 // (C++ only): N steps of one, then N of the other, on two copies of the model. Runs in separate
 // processes differ by up to a third here; blocks in one process see the same machine.
-// --trainer-work gives that plain loop the work HF's Trainer adds to a step (the gradient norm
-// it logs, its two parameter groups without weight decay, the model's outputs in fp32 as
-// Accelerate returns them, a read of the loss), so that what is left is the Trainer's own.
+// --trainer-work gives that plain loop the work HF's Trainer adds to a step (the gradient norm,
+// which it computes every step, clipping or not; its two parameter groups without weight decay;
+// the model's outputs in fp32 as Accelerate returns them; a read of the loss), so that what is
+// left is the Trainer's own.
 #include <mixprec/accelerate/accelerator.h>
 #include <mixprec/amp/autocast.h>
 #include <mixprec/amp/flush_denormal.h>
@@ -81,10 +82,18 @@ int main(int argc, char** argv) {
   app.add_flag("--trainer-work", trainer_work,
                "with --interleave: the plain loop also does the work HF's Trainer adds");
   CLI11_PARSE(app, argc, argv);
-  if (interleave && (loop == "plain" || interleave >= steps || profile)) {
-    std::fprintf(stderr,
-                 "--interleave: times --loop accelerator or trainer against plain, in blocks "
-                 "fewer than --steps, without --profile\n");
+  const char* bad = nullptr;
+  if (interleave && (loop == "plain" || interleave >= steps || profile))
+    bad =
+        "--interleave times --loop accelerator or trainer against plain, in blocks fewer than "
+        "--steps, without --profile";
+  else if (interleave && precision == "fp16" && !scaler_on)
+    bad =
+        "--interleave with fp16 needs --scaler: the Accelerator and the Trainer scale fp16 losses";
+  else if (trainer_work && (!interleave || loop != "trainer"))
+    bad = "--trainer-work is for --loop trainer --interleave N";
+  if (bad) {
+    std::fprintf(stderr, "%s\n", bad);
     return 2;
   }
 
@@ -102,17 +111,17 @@ int main(int argc, char** argv) {
     return std::pair{train_set.images.slice(0, b * batch_size, (b + 1) * batch_size),
                      train_set.labels.slice(0, b * batch_size, (b + 1) * batch_size)};
   };
-  // The level-1 loop on one copy of the model; with trainer_work, as HF's Trainer would run it.
+  // The level-1 loop on one copy of the model; with hf_work, as HF's Trainer would run it.
   struct Plain {
     digits::MLP model;
     mixprec::optim::AdamW optimizer;
     mixprec::amp::GradScaler scaler;
   };
-  const auto make_plain = [&](bool trainer_work) {
+  const auto make_plain = [&](bool hf_work) {
     torch::manual_seed(0);
     digits::MLP model(hidden);
     std::vector<torch::optim::OptimizerParamGroup> groups;
-    if (trainer_work) {  // HF's: weights and biases apart, both without weight decay (its default)
+    if (hf_work) {  // HF's: weights and biases apart, both without weight decay (its default)
       std::vector<at::Tensor> weights, biases;
       for (const auto& p : model->named_parameters())
         (p.key().ends_with("bias") ? biases : weights).push_back(p.value());
@@ -126,19 +135,19 @@ int main(int argc, char** argv) {
     return std::unique_ptr<Plain>(new Plain{model, mixprec::optim::AdamW(groups, optimizer_options),
                                             mixprec::amp::GradScaler({.enabled = scaler_on})});
   };
-  const auto plain_step = [&](Plain& p, bool trainer_work) {
-    return [&p, &batch, trainer_work, autocast, dtype, max_grad_norm](int64_t i) {
+  const auto plain_step = [&](Plain& p, bool hf_work) {
+    return [&p, &batch, hf_work, autocast, dtype, max_grad_norm](int64_t i) {
       auto [x, y] = batch(i);
       torch::Tensor loss;
       {
         mixprec::amp::Autocast guard(torch::kCPU, dtype, autocast);
         auto logits = p.model(x);
         loss = torch::nn::functional::cross_entropy(logits, y);
-        if (trainer_work) logits = logits.to(torch::kFloat);
+        if (hf_work) logits = logits.to(torch::kFloat);
       }
-      if (trainer_work) TORCH_CHECK(std::isfinite(loss.item<double>()), "the loss is not finite");
+      if (hf_work) TORCH_CHECK(std::isfinite(loss.item<double>()), "the loss is not finite");
       p.scaler.scale(loss).backward();
-      if (trainer_work) {
+      if (hf_work) {
         p.scaler.unscale_(p.optimizer);
         mixprec::optim::clip_grad_norm_(
             p.model->parameters(),
@@ -164,7 +173,8 @@ int main(int argc, char** argv) {
     return loss;
   };
   if (loop == "plain") step = plain_step(*plain, false);
-  // With --interleave, the plain loop on a second copy, timed in blocks between the other's.
+  // With --interleave, the plain loop on a second copy, a block between each two of the other's
+  // (so one block fewer: the two are compared by their steps/s).
   std::unique_ptr<Plain> other;
   std::function<torch::Tensor(int64_t)> other_step;
   int64_t other_steps = 0;
@@ -208,22 +218,26 @@ int main(int argc, char** argv) {
       print_self_times(*profiler->profiler, part_of, steps);
       return 0;
     }
-    // Before each block of `interleave` timed steps but the first, one block of the other loop.
-    struct Interleave : mixprec::train::TrainerCallback {
-      int64_t first = 0, last = 0, every = 0;
-      std::function<void()> block;
-      void on_step_end(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
-                       mixprec::train::TrainerControl&) override {
-        const int64_t s = state.global_step;
-        if (every && s > first && s < last && (s - first) % every == 0) block();
-      }
-    };
-    auto interleaved = std::make_shared<Interleave>();
-    interleaved->first = warmup;
-    interleaved->last = warmup + steps;
-    interleaved->every = interleave;
-    interleaved->block = other_block;
-    timed = time_trainer(model.ptr(), forward, dataset, args, warmup, steps, {interleaved});
+    std::vector<std::shared_ptr<mixprec::train::TrainerCallback>> callbacks;
+    if (interleave) {
+      // Before each block of `interleave` timed steps but the first, one block of the other.
+      struct Interleave : mixprec::train::TrainerCallback {
+        int64_t first = 0, last = 0, every = 0;
+        std::function<void()> block;
+        void on_step_end(const mixprec::TrainingArguments&, mixprec::train::TrainerState& state,
+                         mixprec::train::TrainerControl&) override {
+          const int64_t s = state.global_step;
+          if (s > first && s < last && (s - first) % every == 0) block();
+        }
+      };
+      auto interleaved = std::make_shared<Interleave>();
+      interleaved->first = warmup;
+      interleaved->last = warmup + steps;
+      interleaved->every = interleave;
+      interleaved->block = other_block;
+      callbacks.push_back(interleaved);
+    }
+    timed = time_trainer(model.ptr(), forward, dataset, args, warmup, steps, callbacks);
     timed.seconds -= other_seconds;
   } else {
     for (int i = 0; i < warmup; ++i) step(i);

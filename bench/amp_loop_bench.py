@@ -104,7 +104,7 @@ def main():
             fp16=a.precision == "fp16", bf16=a.precision == "bf16", per_device_train_batch_size=a.batch_size,
             dataloader_drop_last=True, learning_rate=3e-3, lr_scheduler_type="constant",
             optim="adamw_torch_fused" if fused else "adamw_torch", max_grad_norm=a.max_grad_norm,
-            train_sampling_strategy=a.sampling)
+            **({} if a.sampling == "random" else {"train_sampling_strategy": a.sampling}))
     else:
         for i in range(a.warmup):
             step(i)

@@ -480,24 +480,32 @@ TEST(DataLoader, TensorDatasetsGatherBatchesAtOnceAsCollateWould) {
     EXPECT_EQ(b, expected.size());
     EXPECT_EQ(full->reads, 0);  // gathered by get_batch, not read sample by sample
   }
-  // Each way of gathering (row copies; index_select for a large batch, a strided, conjugated or
-  // grad-requiring tensor) gives index_select's rows in a tensor of their own.
-  const auto wide = torch::randn({10, 70000});  // 280 KB a row: index_select
+  // Row copies and index_select (for a large batch, rows of 0 bytes, a strided, conjugated,
+  // negated or grad-requiring tensor) give index_select's rows, in a tensor of their own.
+  const auto wide = torch::randn({10, 70000});  // 280 KB a row
+  const auto offset = torch::randn({12, 2}).narrow(0, 2, 10);
   const auto learned = torch::randn({10, 2}, torch::requires_grad());
   const auto conj = torch::randn({10, 2}, torch::kComplexFloat).conj();
+  const auto negated = at::_neg_view(torch::randn({10, 2}));
+  ASSERT_TRUE(conj.is_contiguous() && negated.is_contiguous() && negated.is_neg());
   const TensorDataset kinds({{"features", full->tensors().at("features")},
                              {"labels", full->tensors().at("labels")},
                              {"strided", full->tensors().at("strided")},
                              {"wide", wide},
+                             {"offset", offset},
                              {"learned", learned},
-                             {"conj", conj}});
+                             {"conj", conj},
+                             {"negated", negated},
+                             {"no_columns", torch::zeros({10, 0})}});
   const std::vector<size_t> rows{7, 2, 2, 9};
   const Batch batch = *kinds.get_batch(rows);
   const auto index = torch::tensor({7, 2, 2, 9});
   for (const auto& [key, t] : kinds.tensors()) {
     EXPECT_TRUE(torch::equal(batch.at(key), t.index_select(0, index))) << key;
     EXPECT_TRUE(batch.at(key).is_contiguous()) << key;
-    EXPECT_NE(batch.at(key).const_data_ptr(), t.const_data_ptr()) << key;
+    if (t.numel() > 0) {
+      EXPECT_NE(batch.at(key).const_data_ptr(), t.const_data_ptr()) << key;
+    }
   }
   EXPECT_TRUE(batch.at("learned").requires_grad());
   EXPECT_FALSE(batch.at("features").requires_grad());
