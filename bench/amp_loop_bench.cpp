@@ -28,7 +28,6 @@
 #include <torch/torch.h>
 #include <CLI/CLI.hpp>
 
-#include <chrono>
 #include <cmath>
 #include <cstdio>
 #include <limits>
@@ -180,12 +179,8 @@ int main(int argc, char** argv) {
   int64_t other_steps = 0;
   double other_seconds = 0;
   auto other_block = [&] {
-    const auto start = std::chrono::steady_clock::now();
-    torch::Tensor loss;
-    for (int k = 0; k < interleave; ++k) loss = other_step(warmup + other_steps++);
-    loss.item<double>();
-    other_seconds +=
-        std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+    other_seconds += time_steps(other_step, warmup + other_steps, interleave).seconds;
+    other_steps += interleave;
   };
   if (interleave) {
     other = make_plain(trainer_work);
