@@ -62,15 +62,19 @@ void keep_freed_memory_for_reuse() {
 #endif
 }
 
+// Again at each save: project_configuration() may have changed it since.
+void check_total_limit(const ProjectConfiguration& project, const char* where) {
+  TORCH_CHECK(project.total_limit.value_or(1) >= 1, where,
+              ": project_config.total_limit must be >= 1, got ", project.total_limit.value_or(1));
+}
+
 }  // namespace
 
 Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<detail::Shared>()) {
   const std::string& mp = options.mixed_precision;
   TORCH_CHECK(mp == "no" || mp == "fp16" || mp == "bf16", "Accelerator: unknown mixed_precision '",
               mp, "'; expected \"no\", \"fp16\" or \"bf16\"");
-  TORCH_CHECK(options.project_config.total_limit.value_or(1) >= 1,
-              "Accelerator: project_config.total_limit must be >= 1, got ",
-              options.project_config.total_limit.value_or(1));
+  check_total_limit(options.project_config, "Accelerator");
   TORCH_CHECK(options.gradient_accumulation_steps >= 1,
               "Accelerator: gradient_accumulation_steps must be >= 1, got ",
               options.gradient_accumulation_steps);
@@ -164,19 +168,24 @@ data::DataLoaderOptions Accelerator::prepared_loader_options(data::DataLoaderOpt
   };
   if (options.shuffle && !options.seed && !options.generator) {
     const auto& o = shared_->options;
-    if (o.use_seedable_sampler) {  // SeedableRandomSampler: torch.random.initial_seed()
+    // SeedableRandomSampler: torch.random.initial_seed(). A length-grouped order is one of
+    // seed + epoch here, so it takes that seed too (HF's LengthGroupedSampler, which Accelerate
+    // leaves as it is, draws from torch's generator).
+    if ((o.use_seedable_sampler || options.group_by_length) &&
+        options.shuffle_order == data::ShuffleOrder::kSeedPlusEpoch)
       options.seed = main_process_seed(
           o.data_seed ? static_cast<int64_t>(*o.data_seed)
                       : static_cast<int64_t>(at::detail::getDefaultCPUGenerator().current_seed()));
-    } else {
-      // Accelerate's default: RandomSampler; in data parallel, with a generator seeded from
-      // torch's (which Accelerate synchronizes from the main process at each pass).
+    else  // Accelerate's default
       options.shuffle_order = data::ShuffleOrder::kRandomSampler;
-      if (num_processes() > 1)
-        options.generator = at::make_generator<at::CPUGeneratorImpl>(
-            main_process_seed(static_cast<int64_t>(data::draw_seed())));
-    }
   }
+  // A RandomSampler in data parallel gets a generator seeded from the main process's torch
+  // generator (which Accelerate synchronizes at each pass), else each process would draw its own
+  // order and their shards would overlap.
+  if (options.shuffle && options.shuffle_order == data::ShuffleOrder::kRandomSampler &&
+      !options.generator && num_processes() > 1)
+    options.generator = at::make_generator<at::CPUGeneratorImpl>(
+        main_process_seed(static_cast<int64_t>(data::draw_seed())));
   return options;
 }
 
@@ -286,6 +295,7 @@ std::filesystem::path Accelerator::save_state(const std::optional<std::string>& 
                                               bool models_only) {
   using nlohmann::json;
   auto& project = shared_->options.project_config;
+  check_total_limit(project, "Accelerator::save_state");
   std::filesystem::path dir;
   if (dir_name) {
     dir = *dir_name;
@@ -300,12 +310,13 @@ std::filesystem::path Accelerator::save_state(const std::optional<std::string>& 
                 ") already exists; set project_configuration().iteration to the number to go on "
                 "from");
   }
+  // Automatic naming: every process has looked for the folder before the main one makes it.
+  if (shared_->group) wait_for_everyone();
   // Every process's generators, gathered to the main process that writes.
   std::vector<io::TensorMap> rng_states;
   if (!models_only) {
     io::TensorMap own = io::rng_state();
     if (shared_->group) {
-      wait_for_everyone();
       for (const auto& [name, state] : own) {
         at::Tensor all = shared_->group->all_gather(state.unsqueeze(0));
         rng_states.resize(static_cast<size_t>(all.size(0)));
@@ -337,8 +348,8 @@ std::filesystem::path Accelerator::save_state(const std::optional<std::string>& 
       auto saved = io::checkpoints(checkpoints_dir(), kCheckpointPrefix);
       std::erase_if(saved,
                     [&](const auto& old) { return std::filesystem::equivalent(old.second, dir); });
-      for (size_t i = 0; i + static_cast<size_t>(*project.total_limit) < saved.size() + 1; ++i)
-        io::remove_old_checkpoint(saved[i].second);
+      const auto others = static_cast<size_t>(*project.total_limit) - 1;  // limit >= 1, above
+      for (size_t i = 0; i + others < saved.size(); ++i) io::remove_old_checkpoint(saved[i].second);
     }
   });
   ++project.iteration;

@@ -6,6 +6,8 @@
 
 #include "io/file.h"
 
+#include <fcntl.h>
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Context.h>
@@ -17,8 +19,10 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <map>
 #include <optional>
 #include <regex>
@@ -461,6 +465,10 @@ void load_rng_state(const TensorMap& state, const std::string& source) {
 
 CheckpointWriter::CheckpointWriter(std::filesystem::path final_dir)
     : final_dir_(std::move(final_dir)) {
+  // "out/checkpoint-5/" names the folder, not a file in it: without this the temporary folder
+  // would go inside the final one.
+  if (!final_dir_.has_filename()) final_dir_ = final_dir_.parent_path();
+  TORCH_CHECK(!final_dir_.empty(), "CheckpointWriter: no folder name given");
   tmp_dir_ = final_dir_.string() + ".tmp-" + std::to_string(::getpid());
   std::filesystem::remove_all(tmp_dir_);
   std::filesystem::create_directories(tmp_dir_);
@@ -487,15 +495,38 @@ void CheckpointWriter::commit() {
     sums[entry.path().filename().string()] = checksum(entry.path());
   write_file_atomically(tmp_dir_ / "checksums.json", sums.dump(1));
   fsync_dir(tmp_dir_);
-  // Replace an older folder of the same name: move it aside first, so that at
-  // every moment one complete folder exists.
-  const std::filesystem::path old = final_dir_.string() + ".old-" + std::to_string(::getpid());
-  const bool replacing = std::filesystem::exists(final_dir_);
-  if (replacing) std::filesystem::rename(final_dir_, old);
-  std::filesystem::rename(tmp_dir_, final_dir_);
-  fsync_dir(final_dir_.has_parent_path() ? final_dir_.parent_path() : ".");
-  if (replacing) std::filesystem::remove_all(old);
+  const std::filesystem::path parent =
+      final_dir_.has_parent_path() ? final_dir_.parent_path() : ".";
+  if (!std::filesystem::exists(final_dir_)) {
+    std::filesystem::rename(tmp_dir_, final_dir_);
+    fsync_dir(parent);
+    committed_ = true;
+    return;
+  }
+  // Replacing a folder of the same name: swap the two in one step where the file system can, so
+  // that the final name always holds a complete folder (the old one then waits under the
+  // temporary name, which remove_unfinished_checkpoints deletes should this process die).
+  std::filesystem::path old;
+  if (::renameat2(AT_FDCWD, tmp_dir_.c_str(), AT_FDCWD, final_dir_.c_str(), RENAME_EXCHANGE) == 0) {
+    old = tmp_dir_;
+  } else {
+    TORCH_CHECK(errno == EINVAL || errno == ENOSYS, "CheckpointWriter: cannot move ",
+                tmp_dir_.string(), " to ", final_dir_.string(), ": ", std::strerror(errno));
+    // Else in two renames; a process that dies between them leaves the old folder as *.old-PID
+    // with no final one, which remove_unfinished_checkpoints puts back.
+    old = final_dir_.string() + ".old-" + std::to_string(::getpid());
+    std::filesystem::rename(final_dir_, old);
+    try {
+      std::filesystem::rename(tmp_dir_, final_dir_);
+    } catch (...) {
+      std::error_code ignored;
+      std::filesystem::rename(old, final_dir_, ignored);
+      throw;
+    }
+  }
+  fsync_dir(parent);
   committed_ = true;
+  remove_old_checkpoint(old);  // saved already: a failure to delete is a warning
 }
 
 void verify_checkpoint(const std::filesystem::path& dir) {
@@ -576,6 +607,16 @@ int remove_unfinished_checkpoints(const std::filesystem::path& output_dir,
                                   const std::string& prefix) {
   int removed = 0;
   for (const auto& [n, path] : checkpoint_folders(output_dir, prefix, /*unfinished=*/true)) {
+    // A folder moved aside to be replaced, whose replacement never came: it is the checkpoint.
+    const std::string name = path.string();
+    const std::filesystem::path final_dir = name.substr(0, name.rfind('.'));
+    if (name.find(".old-", final_dir.string().size()) != std::string::npos &&
+        !std::filesystem::exists(final_dir)) {
+      std::filesystem::rename(path, final_dir);
+      fsync_dir(output_dir);
+      MIXPREC_WARN("put back ", final_dir.string(), ", which a killed save had moved to ", name);
+      continue;
+    }
     std::filesystem::remove_all(path);
     ++removed;
   }

@@ -13,6 +13,7 @@
 #include <cctype>
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <limits>
@@ -95,11 +96,20 @@ void write_file_atomically(const std::filesystem::path& path, const std::string&
       }
       written += static_cast<size_t>(n);
     }
-    const bool synced = ::fsync(fd) == 0;
+    const int err = ::fsync(fd) == 0 ? 0 : errno;
     ::close(fd);
-    TORCH_CHECK(synced, tmp.string(), ": fsync failed: ", std::strerror(errno));
+    if (err != 0) {
+      std::filesystem::remove(tmp);
+      TORCH_CHECK(false, tmp.string(), ": fsync failed: ", std::strerror(err));
+    }
   }
-  std::filesystem::rename(tmp, path);
+  std::error_code renamed;
+  std::filesystem::rename(tmp, path, renamed);
+  if (renamed) {
+    std::filesystem::remove(tmp);
+    TORCH_CHECK(false, "cannot move ", tmp.string(), " to ", path.string(), ": ",
+                renamed.message());
+  }
   // The rename itself is durable once the folder is synced.
   detail::fsync_dir(path.has_parent_path() ? path.parent_path() : ".");
 }
@@ -179,6 +189,8 @@ std::vector<Entry> parse_header(std::string_view header_text, uint64_t data_size
       // Checked against the data below; stop overflow before that.
       TORCH_CHECK(size == 0 || numel <= data_size / size, where, ": shape ", shape_json.dump(),
                   " needs more data than the file holds");
+      TORCH_CHECK(size <= static_cast<uint64_t>(std::numeric_limits<int64_t>::max()), where,
+                  ": shape ", shape_json.dump(), " has a size above int64's range");
       numel *= size;
       shape.push_back(static_cast<int64_t>(size));
     }
@@ -262,7 +274,9 @@ int64_t parse_size(const std::string& size) {
   TORCH_CHECK(std::regex_match(size, m, format), "size '", size,
               "': expected a number and a unit of KB, MB, GB or TB, as \"10GB\"");
   const std::map<char, double> units{{'K', 1e3}, {'M', 1e6}, {'G', 1e9}, {'T', 1e12}};
-  const double bytes = std::stod(m[1]) * units.at(static_cast<char>(std::toupper(m[2].str()[0])));
+  // strtod, not stod: out of double's range is inf or 0 here, not std::out_of_range("stod").
+  const double bytes = std::strtod(m[1].str().c_str(), nullptr) *
+                       units.at(static_cast<char>(std::toupper(m[2].str()[0])));
   TORCH_CHECK(bytes < 9e18, "size '", size, "' is too large");
   return static_cast<int64_t>(bytes);  // truncated, as int() in Python
 }
@@ -291,11 +305,7 @@ std::vector<std::string> save_sharded_safetensors(
   if (!current.empty()) shards.push_back(std::move(current));
   if (shards.empty()) shards.emplace_back();  // a model without tensors: an empty file
   const std::map<std::string, std::string> metadata{{"format", "pt"}};
-  // An old index must not pair new shards with old ones should this save fail half-way.
-  const auto index_file = dir / "model.safetensors.index.json";
-  if (shards.size() > 1) std::filesystem::remove(index_file);
   std::vector<std::string> written;
-  json weight_map = json::object();
   for (size_t i = 0; i < shards.size(); ++i) {
     std::string name = "model.safetensors";
     if (shards.size() > 1) {
@@ -303,19 +313,44 @@ std::vector<std::string> save_sharded_safetensors(
       std::snprintf(suffix, sizeof suffix, "-%05zu-of-%05zu", i + 1, shards.size());
       name = std::string("model") + suffix + ".safetensors";
     }
-    save_safetensors(dir / name, shards[i], metadata);
-    for (const auto& [tensor_name, t] : shards[i]) weight_map[tensor_name] = name;
     written.push_back(std::move(name));
   }
+  // The long part first, under names no reader takes, so that a save that fails or is killed
+  // half-way leaves the earlier model as it was.
+  const std::string staged = ".staged-" + std::to_string(::getpid());
+  json weight_map = json::object();
+  try {
+    for (size_t i = 0; i < shards.size(); ++i) {
+      save_safetensors(dir / (written[i] + staged), shards[i], metadata);
+      for (const auto& [tensor_name, t] : shards[i]) weight_map[tensor_name] = written[i];
+    }
+  } catch (...) {
+    for (const auto& name : written) {
+      std::error_code ignored;
+      std::filesystem::remove(dir / (name + staged), ignored);
+    }
+    throw;
+  }
+  // Then the switch, in an order that leaves a whole model to read at every moment (a reader
+  // takes model.safetensors before an index), but for the renames that replace as many shards
+  // of the same names: an old index must not pair new shards with old ones, so it goes first.
+  const auto index_file = dir / "model.safetensors.index.json";
+  if (shards.size() > 1 && std::ranges::any_of(written, [&](const std::string& name) {
+        return std::filesystem::exists(dir / name);
+      }))
+    std::filesystem::remove(index_file);
+  for (const auto& name : written) std::filesystem::rename(dir / (name + staged), dir / name);
+  detail::fsync_dir(dir);
   if (shards.size() > 1) {
-    // A reader takes model.safetensors first: an old one must go before the index appears.
-    std::filesystem::remove(dir / "model.safetensors");
     const json index{{"metadata", {{"total_size", total_bytes}}}, {"weight_map", weight_map}};
     write_file_atomically(index_file, index.dump(2) + "\n");
     written.emplace_back("model.safetensors.index.json");
   }
+  // What an earlier save left: its model files that this one did not write (an old
+  // model.safetensors after the index above, which a reader would take first), and the staged
+  // files of one that was killed.
   static const std::regex model_file(
-      R"(model(-[0-9]{5}-of-[0-9]{5})?\.safetensors(\.index\.json)?)");
+      R"(model(-[0-9]{5}-of-[0-9]{5})?\.safetensors(\.index\.json)?(\.staged-[0-9]+)?(\.tmp\.[0-9]+)?)");
   for (const auto& entry : std::filesystem::directory_iterator(dir)) {
     const std::string name = entry.path().filename().string();
     if (entry.is_regular_file() && std::regex_match(name, model_file) &&

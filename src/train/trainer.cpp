@@ -897,7 +897,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
   at::Tensor loss_since_log = at::zeros({});
   int64_t last_logged_step = state_.global_step;
   double total_loss = 0;
-  double last_grad_norm = NAN;
+  std::optional<double> last_grad_norm;  // from the last optimizer step; NaN and inf too, as HF
   double last_step_lr = NAN;      // the rate the last step used: HF logs it, not the next one
   int64_t skipped_since_log = 0;  // optimizer steps the scaler skipped (inf/NaN gradients)
 
@@ -919,7 +919,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
       loss_since_log.zero_();
       last_logged_step = state_.global_step;
       Metrics logs{{"loss", loss}, {"learning_rate", last_step_lr}};
-      if (!std::isnan(last_grad_norm)) logs["grad_norm"] = last_grad_norm;
+      if (last_grad_norm) logs["grad_norm"] = *last_grad_norm;
       store_flos();  // as HF: the state's total_flos is current in every log
       if (args_.include_num_input_tokens_seen != "no") {  // HF's speed_metrics with num_tokens
         logs["train_runtime"] = seconds_since(start);
@@ -939,6 +939,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     }
     if (impl.control.should_evaluate) {
       const Metrics metrics = evaluate();
+      bool new_best = false;
       if (args_.metric_for_best_model) {
         std::string name = *args_.metric_for_best_model;
         if (!name.starts_with("eval_")) name = "eval_" + name;
@@ -948,12 +949,14 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
         const bool greater = args_.greater_is_better.value_or(true);
         // From -inf (+inf) as HF: a NaN never becomes the best.
         const double best = state_.best_metric.value_or(greater ? -INFINITY : INFINITY);
-        if (greater ? it->second > best : it->second < best) {
+        new_best = greater ? it->second > best : it->second < best;
+        if (new_best) {
           state_.best_metric = it->second;
           state_.best_global_step = state_.global_step;
-          if (args_.save_strategy == "best") impl.control.should_save = true;
         }
       }
+      // As HF's: "best" saves on a new best only, whatever a callback asked.
+      if (args_.save_strategy == "best") impl.control.should_save = new_best;
     }
     if (impl.control.should_save) {
       save_checkpoint(args_.save_only_model && !stopping);
@@ -976,9 +979,12 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
     size_t next_in_window = 0;
     std::optional<int64_t> num_items_in_batch;
     for (auto it = loader.begin(); next_in_window < window_batches.size() || it != loader.end();) {
-      if (step_in_epoch % args_.gradient_accumulation_steps == 0)
+      if (step_in_epoch % args_.gradient_accumulation_steps == 0) {
+        // As HF's CallbackHandler: what was asked before this step (on_epoch_begin, say) is not.
+        impl.control.should_log = impl.control.should_evaluate = impl.control.should_save = false;
         impl.call(args_, state_,
                   [](auto& cb, auto& a, auto& s, auto& c) { cb.on_step_begin(a, s, c); });
+      }
       // The last batches of an epoch that do not fill an accumulation window still update.
       const int64_t window_start =
           step_in_epoch - step_in_epoch % args_.gradient_accumulation_steps;
@@ -1173,8 +1179,14 @@ void Trainer::save_checkpoint(bool model_only) {
   auto& acc = *accelerator_;
   const fs::path dir =
       fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(state_.global_step));
-  if (args_.metric_for_best_model && state_.best_global_step == state_.global_step)
-    state_.best_model_checkpoint = dir.string();
+  // As HF's _save_checkpoint: the best step's folder, when it was saved (now, or earlier and
+  // still there: an evaluation may find a best at a step saved before it).
+  if (args_.metric_for_best_model && state_.best_global_step.value_or(0) > 0) {
+    const fs::path best =
+        fs::path(args_.output_dir) / ("checkpoint-" + std::to_string(*state_.best_global_step));
+    if (*state_.best_global_step == state_.global_step || fs::is_directory(best))
+      state_.best_model_checkpoint = best.string();
+  }
   store_flos();
   state_.stateful_callbacks = impl_->callback_states();
   if (acc.is_main_process()) log::info("Saving model checkpoint to ", dir.string());
@@ -1184,25 +1196,39 @@ void Trainer::save_checkpoint(bool model_only) {
       model_only);
   // As HF's _rotate_checkpoints: a limit of 0 or below keeps every checkpoint.
   if (args_.save_total_limit.value_or(0) > 0 && acc.should_save())
-    rotate_checkpoints(*args_.save_total_limit);
+    rotate_checkpoints(*args_.save_total_limit, dir);
   impl_->call(args_, state_, [](auto& cb, auto& a, auto& s, auto& c) { cb.on_save(a, s, c); });
 }
 
-// HF's rotate_checkpoints: the oldest go first, never the newest (to resume from) nor the best;
-// so at least those two stay.
-void Trainer::rotate_checkpoints(int64_t limit) const {
-  const auto checkpoints = io::checkpoints(args_.output_dir);
-  if (checkpoints.empty()) return;
-  const fs::path& newest = checkpoints.back().second;
+// HF's rotate_checkpoints (with use_mtime): the least recently written go first, never the
+// newest (to resume from) nor the best; so at least those two stay. Nor the folder just saved:
+// HF's fallback to step order (below) would delete it when a run resumed from an earlier
+// checkpoint than the output folder's last.
+void Trainer::rotate_checkpoints(int64_t limit, const fs::path& just_saved) const {
+  const auto found = io::checkpoints(args_.output_dir);
+  if (static_cast<int64_t>(found.size()) <= limit) return;
+  std::vector<std::pair<fs::file_time_type, fs::path>> by_time;
+  for (const auto& [step, dir] : found) {
+    std::error_code gone;  // a folder deleted meanwhile sorts first
+    by_time.emplace_back(fs::last_write_time(dir, gone), dir);
+  }
+  std::ranges::stable_sort(by_time, {}, [](const auto& c) { return c.first; });
+  // As HF: modification times less than a second apart are taken as unreliable (some file
+  // systems fake them), and the steps' order used instead.
+  const bool use_time = by_time.back().first - by_time.front().first >= std::chrono::seconds(1);
+  std::vector<fs::path> checkpoints;
+  for (size_t i = 0; i < found.size(); ++i)
+    checkpoints.push_back(use_time ? by_time[i].second : found[i].second);
+  const fs::path newest = checkpoints.back();
   auto kept = [&](const fs::path& dir) {
-    return dir == newest ||
+    return dir == newest || same_folder(dir, just_saved) ||
            (state_.best_model_checkpoint && same_folder(dir, *state_.best_model_checkpoint));
   };
-  const bool best_apart =
-      state_.best_model_checkpoint && !same_folder(newest, *state_.best_model_checkpoint);
+  const auto protected_count =
+      std::ranges::count_if(checkpoints, [&](const fs::path& dir) { return kept(dir); });
   auto left = static_cast<int64_t>(checkpoints.size());
-  const auto keep = std::max<int64_t>(limit, best_apart ? 2 : 1);
-  for (const auto& [step, dir] : checkpoints) {
+  const auto keep = std::max<int64_t>(limit, protected_count);
+  for (const auto& dir : checkpoints) {
     if (left <= keep) break;
     if (kept(dir)) continue;
     log::info("Deleting older checkpoint [", dir.string(), "] due to args.save_total_limit");

@@ -83,6 +83,10 @@ TEST_F(AcceleratorUtils, AutomaticCheckpointNamingKeepsTheNewestAndResumesFromIt
   EXPECT_TRUE(torch::equal(third->weight, torch::full({2, 3}, 1.0)));
   EXPECT_EQ(after_damage.save_iteration(), 3);
 
+  resumed.project_configuration().total_limit = 0;  // after the constructor checked it
+  EXPECT_TRUE(has(error_of([&] { resumed.save_state(); }),
+                  "Accelerator::save_state: project_config.total_limit must be >= 1, got 0"));
+  resumed.project_configuration().total_limit = 2;
   resumed.project_configuration().iteration = 1;
   EXPECT_TRUE(
       has(error_of([&] { resumed.save_state(); }), "checkpoint_1 (iteration 1) already exists"));
@@ -118,6 +122,28 @@ std::vector<int64_t> firsts(
   std::vector<int64_t> out;
   for (const auto& batch : loader) out.push_back(batch.at("x")[0].item<int64_t>());
   return out;
+}
+
+// A shuffled loader grouped by length, prepared without a seed (the default RandomSampler
+// otherwise): it takes torch's seed, as a seedable sampler would, and a pass holds every sample
+// once, the longest first (LengthGroupedSampler's).
+TEST_F(AcceleratorUtils, PreparedLengthGroupedLoaderNeedsNoSeed) {
+  Accelerator accelerator;
+  std::vector<int64_t> lengths;
+  for (int64_t i = 0; i < 12; ++i) lengths.push_back((i * 7) % 12);
+  auto loader = accelerator.prepare_data_loader(
+      numbers(12), {.batch_size = 3,
+                    .shuffle = true,
+                    .group_by_length = mixprec::data::LengthGrouping{lengths, 6}});
+  std::vector<int64_t> seen;
+  for (const auto& batch : loader) {
+    const auto x = batch.at("x");
+    for (int64_t i = 0; i < x.size(0); ++i) seen.push_back(x[i].item<int64_t>());
+  }
+  ASSERT_EQ(seen.size(), 12u);
+  EXPECT_EQ(seen[0], 5);  // length 11
+  std::ranges::sort(seen);
+  for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(seen[static_cast<size_t>(i)], i);
 }
 
 // As Accelerate's: every pass of the skipping loader starts further in, the last batch still

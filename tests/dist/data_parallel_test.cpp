@@ -269,21 +269,29 @@ TEST_F(DataParallel, PreparedLoaderShardsAndGatherForMetricsDropsThePadding) {
 }
 
 // Without a seed, a shuffled prepared loader takes the main process's draw: the ranks' shards
-// stay disjoint though their generators differ, and each pass has a new order.
+// stay disjoint though their generators differ, and each pass has a new order. So does a
+// RandomSampler asked for by hand (with a seed, which it does not use).
 TEST_F(DataParallel, PreparedShuffleTakesTheMainProcessSeed) {
-  torch::manual_seed(100 + static_cast<uint64_t>(accelerator.process_index()));
   auto data = std::make_shared<mixprec::data::TensorDataset>(
       std::map<std::string, at::Tensor>{{"x", torch::arange(16)}});
-  auto loader = accelerator.prepare_data_loader(data, {.batch_size = 2, .shuffle = true});
-  auto pass = [&] {
-    std::vector<at::Tensor> gathered;
-    for (const auto& batch : loader) gathered.push_back(accelerator.gather(batch.at("x")));
-    return torch::cat(gathered);
-  };
-  const auto first = pass(), second = pass();
-  EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(first)), torch::arange(16)));
-  EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(second)), torch::arange(16)));
-  EXPECT_FALSE(torch::equal(first, second));
+  for (const auto& options : std::vector<mixprec::data::DataLoaderOptions>{
+           {.batch_size = 2, .shuffle = true},
+           {.batch_size = 2,
+           .shuffle = true,
+           .seed = 5,
+           .shuffle_order = mixprec::data::ShuffleOrder::kRandomSampler}}) {
+    torch::manual_seed(100 + static_cast<uint64_t>(accelerator.process_index()));
+    auto loader = accelerator.prepare_data_loader(data, options);
+    auto pass = [&] {
+      std::vector<at::Tensor> gathered;
+      for (const auto& batch : loader) gathered.push_back(accelerator.gather(batch.at("x")));
+      return torch::cat(gathered);
+    };
+    const auto first = pass(), second = pass();
+    EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(first)), torch::arange(16)));
+    EXPECT_TRUE(torch::equal(std::get<0>(torch::sort(second)), torch::arange(16)));
+    EXPECT_FALSE(torch::equal(first, second));
+  }
 }
 
 // rng_types "torch": each pass of a prepared loader starts from the main process's torch

@@ -204,6 +204,34 @@ TEST(CheckpointWriter, ReplacesAtomicallyAndCleansUp) {
   fs::remove_all(root);
 }
 
+// A writer that replaces a folder without the file system's atomic swap moves the old one aside
+// first: killed between its two renames, it leaves no final folder, and the next run's cleanup
+// puts the old one back rather than deleting both. A trailing separator names the folder.
+TEST(CheckpointWriter, AReplacementCutOffHalfWayIsPutBack) {
+  const auto root = fs::temp_directory_path() / ("mixprec_ckpt_cut_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  {
+    mixprec::io::CheckpointWriter writer(root / "checkpoint-1");
+    writer.write_text("note.txt", "old");
+    writer.commit();
+  }
+  fs::rename(root / "checkpoint-1", root / "checkpoint-1.old-4242");
+  fs::create_directories(root / "checkpoint-1.tmp-4242");
+  std::ofstream(root / "checkpoint-1.tmp-4242" / "note.txt") << "new, unfinished";
+  EXPECT_EQ(mixprec::io::remove_unfinished_checkpoints(root), 1);  // the .tmp only
+  EXPECT_EQ(mixprec::io::read_file(root / "checkpoint-1" / "note.txt"), "old");
+  mixprec::io::verify_checkpoint(root / "checkpoint-1");
+  for (const char* text : {"first", "second"}) {
+    mixprec::io::CheckpointWriter writer(root.string() + "/checkpoint-2/");
+    writer.write_text("note.txt", text);
+    writer.commit();
+  }
+  EXPECT_EQ(mixprec::io::read_file(root / "checkpoint-2" / "note.txt"), "second");
+  EXPECT_EQ(mixprec::testing::checkpoint_names(root),
+            (std::vector<std::string>{"checkpoint-1", "checkpoint-2"}));
+  fs::remove_all(root);
+}
+
 // Known-bad optimizer.json files (found while writing fuzz/fuzz_checkpoint.cpp): a
 // clear error naming the file and the problem, and nothing half-loaded.
 TEST(OptimizerState, BadGroupsJsonIsAClearError) {

@@ -10,9 +10,11 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <thread>
 
@@ -46,6 +48,13 @@ class Safetensors : public ::testing::Test {
   }
   fs::path dir_;
 };
+
+std::vector<std::string> names_of(const fs::path& dir) {
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(dir)) names.push_back(entry.path().filename());
+  std::ranges::sort(names);
+  return names;
+}
 
 // The dtypes safetensors stores, by their names there.
 std::map<std::string, at::ScalarType> stored_dtypes() {
@@ -245,6 +254,10 @@ TEST_F(Safetensors, BadFilesAreClearErrors) {
       craft(R"({"x": {"dtype": "F32", "shape": [4294967296, 4294967296], "data_offsets": [0, 8]}})",
             eight),
       "needs more data than the file holds");
+  // Nothing to read, but no tensor can have a size above int64's.
+  expect_error(craft(R"({"x": {"dtype": "F32", "shape": [0, 18446744073709551615],
+                         "data_offsets": [0, 0]}})"),
+               "has a size above int64's range");
   expect_error(craft(R"({"x": {"dtype": "F32", "shape": [2]}})", eight),
                "expected {dtype, shape, data_offsets}");
   expect_error(path("missing.safetensors"), "cannot open");
@@ -314,6 +327,54 @@ TEST_F(Safetensors, AFailedWriteLeavesTheOldFile) {
               save_safetensors(path("no/such/dir/x.safetensors"), {});
             }).find("cannot create"),
             std::string::npos);
+}
+
+// A sharded save writes its files under other names first: one that fails half-way leaves the
+// earlier model as it was, and nothing of its own. What a killed save left goes at the next.
+TEST_F(Safetensors, AFailedShardedSaveLeavesTheEarlierModel) {
+  using mixprec::io::save_sharded_safetensors;
+  const auto model = path("model");
+  fs::create_directories(model);
+  const std::vector<std::pair<std::string, at::Tensor>> earlier{{"a", torch::full({8}, 1.0)},
+                                                                {"b", torch::full({8}, 2.0)}};
+  save_sharded_safetensors(model, earlier, 40);  // two shards of 32 bytes
+  auto listing = [&] {
+    std::map<std::string, std::string> files;
+    for (const auto& entry : fs::directory_iterator(model))
+      files[entry.path().filename()] = mixprec::io::read_file(entry.path());
+    return files;
+  };
+  const auto before = listing();
+  ASSERT_EQ(before.size(), 3u);
+  // Its last file cannot be written: in as many shards (of the same names), in more, in one.
+  const std::vector<std::pair<std::string, at::Tensor>> failing{
+      {"a", torch::zeros({8})},
+      {"c", torch::zeros({8})},
+      {"b", torch::zeros({1}, at::kComplexDouble)}};
+  for (const int64_t limit : {70, 40, 1000}) {
+    SCOPED_TRACE(limit);
+    EXPECT_NE(error_of([&] {
+                save_sharded_safetensors(model, failing, limit);
+              }).find("cannot be stored in safetensors"),
+              std::string::npos);
+    EXPECT_EQ(listing(), before);
+  }
+  std::ofstream(model / "model-00001-of-00002.safetensors.staged-4242") << "killed";
+  std::ofstream(model / "model.safetensors.index.json.tmp.4242") << "killed";
+  std::ofstream(model / "notes.txt") << "not the model's";
+  EXPECT_EQ(save_sharded_safetensors(model, earlier, 1000),
+            std::vector<std::string>{"model.safetensors"});
+  EXPECT_EQ(names_of(model), (std::vector<std::string>{"model.safetensors", "notes.txt"}));
+  EXPECT_TRUE(
+      torch::equal(mixprec::io::load_sharded_safetensors(model).at("b"), torch::full({8}, 2.0)));
+}
+
+TEST(ParseSize, OutOfRangeIsAClearError) {
+  EXPECT_EQ(mixprec::io::parse_size("0.5KB"), 500);
+  EXPECT_EQ(mixprec::io::parse_size("1e-400KB"), 0);
+  EXPECT_NE(
+      error_of([] { mixprec::io::parse_size("1e999GB"); }).find("size '1e999GB' is too large"),
+      std::string::npos);
 }
 
 }  // namespace

@@ -147,6 +147,7 @@ TEST_F(TrainerTest, TrainsEvaluatesLogsAndCheckpoints) {
 struct PoisonedClassifierImpl : ClassifierImpl {
   std::set<int> poisoned;
   bool poison_loss = false;
+  float poison = INFINITY;  // what the poisoned gradients are multiplied by
   int calls = 0;
   std::vector<double> losses;
   mixprec::models::ModelOutput forward(const mixprec::data::Batch& batch) {
@@ -155,7 +156,7 @@ struct PoisonedClassifierImpl : ClassifierImpl {
       if (poison_loss)
         out.loss = out.loss * INFINITY;
       else
-        out.logits.register_hook([](at::Tensor g) { return g * INFINITY; });
+        out.logits.register_hook([p = poison](at::Tensor g) { return g * p; });
     }
     if (is_training()) losses.push_back(out.loss.item<double>());
     return out;
@@ -1015,6 +1016,149 @@ TEST_F(TrainerTest, SaveTotalLimitZeroKeepsEveryCheckpoint) {
   Trainer(model, a, train_, eval_, accuracy).train();
   EXPECT_EQ(checkpoint_names(a.output_dir),
             (std::vector<std::string>{"checkpoint-10", "checkpoint-20", "checkpoint-30"}));
+}
+
+// Rotation after a resume from an earlier checkpoint than the folder's last: as HF's (by
+// modification time), the new run's checkpoint stays, not the earlier run's later ones. And the
+// folder just saved stays even when it is not the latest written (here: folders dated ahead, by
+// a clock that was; in HF's fallback to the steps' order, a later step).
+TEST_F(TrainerTest, RotationAfterAnEarlierResumeKeepsTheNewRunsCheckpoint) {
+  for (const int hours : {-1, 1}) {
+    SCOPED_TRACE(hours);
+    auto a = args("resumed_earlier" + std::to_string(hours));
+    a.eval_strategy = "no";
+    a.save_strategy = "steps";
+    a.save_steps = 1;
+    a.max_steps = 4;
+    torch::manual_seed(0);
+    Classifier first;
+    Trainer(first, a, train_, eval_, accuracy).train();
+    for (const auto& [step, dir] : mixprec::io::checkpoints(a.output_dir))
+      fs::last_write_time(dir, fs::file_time_type::clock::now() + std::chrono::hours(hours) +
+                                   std::chrono::minutes(step));
+    a.max_steps = 3;
+    a.save_total_limit = 1;
+    Classifier second;
+    Trainer(second, a, train_, eval_, accuracy).train(a.output_dir + "/checkpoint-2");
+    using Names = std::vector<std::string>;
+    const Names expected =
+        hours < 0 ? Names{"checkpoint-3"} : Names{"checkpoint-3", "checkpoint-4"};
+    EXPECT_EQ(checkpoint_names(a.output_dir), expected);
+    const auto state = json::parse(
+        mixprec::io::read_file(fs::path(a.output_dir) / "checkpoint-3" / "trainer_state.json"));
+    EXPECT_EQ(state.at("max_steps"), 3);  // the new run's
+  }
+}
+
+// save_strategy "best": a checkpoint at a new best only, even where a callback asks for one
+// (HF sets should_save after the evaluation).
+TEST_F(TrainerTest, SaveStrategyBestSavesAtANewBestOnly) {
+  auto a = args("save_best");
+  a.num_train_epochs = 3;
+  a.save_strategy = "best";
+  a.metric_for_best_model = "score";
+  int evaluations = 0;
+  auto score = [&](const mixprec::train::EvalPrediction&) {
+    const double scores[] = {1, 3, 2};
+    return Metrics{{"score", scores[evaluations++]}};
+  };
+  struct AlwaysSave : mixprec::train::TrainerCallback {
+    void on_evaluate(const TrainingArguments&, TrainerState&, TrainerControl& c,
+                     const Metrics&) override {
+      c.should_save = true;
+    }
+  };
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer trainer(model, a, train_, eval_, score, {std::make_shared<AlwaysSave>()});
+  trainer.train();
+  EXPECT_EQ(checkpoint_names(a.output_dir),
+            (std::vector<std::string>{"checkpoint-10", "checkpoint-20"}));
+  EXPECT_EQ(trainer.state().best_model_checkpoint,
+            (fs::path(a.output_dir) / "checkpoint-20").string());
+}
+
+// An evaluation may find the best at a step saved before it ("steps" saves at an epoch's last
+// step, then the epoch's evaluation): the next save names that checkpoint the best, as HF's.
+TEST_F(TrainerTest, TheBestCheckpointCanBeOneSavedBeforeItsEvaluation) {
+  auto a = args("best_saved_before");
+  a.num_train_epochs = 2;
+  a.save_strategy = "steps";
+  a.save_steps = 10;  // an epoch
+  a.metric_for_best_model = "score";
+  int evaluations = 0;
+  auto score = [&](const mixprec::train::EvalPrediction&) {
+    const double scores[] = {3, 1};
+    return Metrics{{"score", scores[evaluations++]}};
+  };
+  torch::manual_seed(0);
+  Classifier model;
+  Trainer trainer(model, a, train_, eval_, score);
+  trainer.train();
+  EXPECT_EQ(trainer.state().best_global_step, 10);
+  EXPECT_EQ(trainer.state().best_model_checkpoint,
+            (fs::path(a.output_dir) / "checkpoint-10").string());
+}
+
+// As HF's CallbackHandler.on_step_begin: logs, evaluations and saves asked for before a step
+// (in on_epoch_begin here) are dropped when it begins; asked for in it, they happen.
+TEST_F(TrainerTest, WhatIsAskedBeforeAStepIsDroppedWhenItBegins) {
+  struct Asking : mixprec::train::TrainerCallback {
+    bool at_epoch_begin = true;
+    void ask(TrainerControl& c) { c.should_log = c.should_evaluate = c.should_save = true; }
+    void on_epoch_begin(const TrainingArguments&, TrainerState&, TrainerControl& c) override {
+      if (at_epoch_begin) ask(c);
+    }
+    void on_step_begin(const TrainingArguments&, TrainerState& s, TrainerControl& c) override {
+      if (!at_epoch_begin && s.global_step == 4) ask(c);
+    }
+  };
+  for (const bool at_epoch_begin : {true, false}) {
+    SCOPED_TRACE(at_epoch_begin);
+    auto a = args(at_epoch_begin ? "asked_early" : "asked_in_step");
+    a.num_train_epochs = 1;
+    a.eval_strategy = "no";
+    a.save_strategy = "no";
+    a.logging_strategy = "no";
+    auto asking = std::make_shared<Asking>();
+    asking->at_epoch_begin = at_epoch_begin;
+    torch::manual_seed(0);
+    Classifier model;
+    Trainer trainer(model, a, train_, eval_, accuracy, {asking});
+    trainer.train();
+    using Names = std::vector<std::string>;
+    EXPECT_EQ(checkpoint_names(a.output_dir), at_epoch_begin ? Names{} : Names{"checkpoint-5"});
+    int logs = 0, evaluations = 0;
+    for (const auto& entry : trainer.state().log_history) {
+      logs += entry.count("loss");
+      evaluations += entry.count("eval_loss");
+    }
+    EXPECT_EQ(logs, at_epoch_begin ? 0 : 1);
+    EXPECT_EQ(evaluations, at_epoch_begin ? 0 : 1);
+  }
+}
+
+// A NaN gradient norm (an fp16 step the scaler skips) is logged, as HF's.
+TEST_F(TrainerTest, ANaNGradientNormIsLogged) {
+  auto a = args("nan_norm");
+  a.fp16 = true;
+  a.max_steps = 4;
+  a.eval_strategy = "no";
+  a.save_strategy = "no";
+  a.logging_steps = 1;
+  torch::manual_seed(0);
+  PoisonedClassifier model;
+  model->poisoned = {2};
+  model->poison = NAN;
+  Trainer trainer(model, a, train_, eval_, accuracy);
+  trainer.train();
+  std::vector<double> norms;
+  for (const auto& entry : trainer.state().log_history)
+    if (entry.count("loss")) norms.push_back(entry.count("grad_norm") ? entry.at("grad_norm") : 0);
+  ASSERT_EQ(norms.size(), 4u);
+  for (size_t i = 0; i < norms.size(); ++i)
+    EXPECT_EQ(std::isnan(norms[i]), i == 2) << i << ": " << norms[i];
+  for (const size_t i : {0, 1, 3}) EXPECT_GT(norms[i], 0) << i;
 }
 
 // save_strategy "epoch" and max_steps in the middle of an epoch: one save at the stop (not

@@ -42,9 +42,11 @@ int64_t parse_size(const std::string& size);
 /// they fit in `max_shard_bytes`; else shards filled in order, a new one started when the
 /// next tensor would not fit and a tensor larger than the limit alone in one, named
 /// `model-00001-of-00003.safetensors`, ..., beside the index `model.safetensors.index.json`
-/// ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}). Each file is written
-/// atomically, the index last; then the model files an earlier save left that this one did
-/// not write are removed. Returns the names of the files written.
+/// ({"metadata": {"total_size": bytes}, "weight_map": {name: file}}). The files are written
+/// under other names first and then renamed into place, the index last, so that a save that
+/// fails or is killed leaves the earlier model whole (but for the moment of the renames when
+/// as many shards of the same names replace it); then the model files an earlier save left
+/// that this one did not write are removed. Returns the names of the files written.
 std::vector<std::string> save_sharded_safetensors(
     const std::filesystem::path& dir,
     const std::vector<std::pair<std::string, at::Tensor>>& tensors, int64_t max_shard_bytes);

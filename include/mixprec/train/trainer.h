@@ -6,6 +6,7 @@
 #include "mixprec/train/callbacks.h"
 #include "mixprec/train/training_args.h"
 
+#include <filesystem>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -228,7 +229,7 @@ class Trainer {
   // predict()'s loop, which returns the logits and labels even with batch_eval_metrics.
   PredictionOutput prediction_loop(data::DatasetPtr dataset, const std::string& prefix,
                                    bool loss_only, bool predicting);
-  void rotate_checkpoints(int64_t limit) const;
+  void rotate_checkpoints(int64_t limit, const std::filesystem::path& just_saved) const;
   void open_trackers();
   void log_in_place(Metrics& logs);
   struct Impl;
