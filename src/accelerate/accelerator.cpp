@@ -310,7 +310,7 @@ std::filesystem::path Accelerator::save_state(const std::optional<std::string>& 
                 ") already exists; set project_configuration().iteration to the number to go on "
                 "from");
   }
-  // Automatic naming: every process has looked for the folder before the main one makes it.
+  // Every process has looked for an automatically named folder before the main one makes it.
   if (shared_->group) wait_for_everyone();
   // Every process's generators, gathered to the main process that writes.
   std::vector<io::TensorMap> rng_states;

@@ -1,5 +1,7 @@
 #include "mixprec/data/dataloader.h"
 
+#include "mixprec/log/logging.h"
+
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
 
@@ -420,6 +422,13 @@ void DataLoader::load_state(const DataLoaderState& state) {
         " that this loader's shuffle (ShuffleOrder::kRandomSampler) resumes from (a prepared "
         "loader's checkpoint from before it was recorded resumes with use_seedable_sampler)");
   }
+  if (!random_sampler() && options_.shuffle && state.batches_yielded > 0 &&
+      (state.pass_seed || state.generator_state))
+    MIXPREC_WARN("DataLoader::load_state: the position (epoch ", state.epoch, ", batch ",
+                 state.batches_yielded,
+                 ") was saved by a RandomSampler's shuffle (use_seedable_sampler = false), but "
+                 "this loader shuffles by seed + epoch: the rest of that epoch can repeat or skip "
+                 "samples");
   if (random_sampler() && options_.generator && state.generator_state) {
     const auto& bytes = *state.generator_state;
     at::Tensor restored = at::empty({static_cast<int64_t>(bytes.size())}, at::kByte);

@@ -2,6 +2,8 @@
 
 #include "mixprec/io/safetensors.h"
 
+#include "io/json_excerpt.h"
+
 #include <c10/util/Exception.h>
 
 #include <algorithm>
@@ -198,13 +200,7 @@ std::pair<size_t, size_t> find_special(std::string_view text, size_t from, const
   throw std::runtime_error(source + ": key '" + key + "': " + what);
 }
 
-std::string shown(const json& j) {
-  std::string s = j.dump();
-  if (s.size() <= 60) return s;
-  size_t cut = 57;
-  while (cut > 0 && (static_cast<unsigned char>(s[cut]) & 0xC0) == 0x80) --cut;  // whole UTF-8
-  return s.substr(0, cut) + "...";
-}
+std::string shown(const json& j) { return io::detail::json_excerpt(j, 60); }
 
 const json& need(const json& obj, const char* key, const std::string& path,
                  const std::string& source) {

@@ -513,14 +513,16 @@ void CheckpointWriter::commit() {
     TORCH_CHECK(errno == EINVAL || errno == ENOSYS, "CheckpointWriter: cannot move ",
                 tmp_dir_.string(), " to ", final_dir_.string(), ": ", std::strerror(errno));
     // Else in two renames; a process that dies between them leaves the old folder as *.old-PID
-    // with no final one, which remove_unfinished_checkpoints puts back.
+    // beside *.tmp-PID with no final one, which remove_unfinished_checkpoints puts back.
     old = final_dir_.string() + ".old-" + std::to_string(::getpid());
     std::filesystem::rename(final_dir_, old);
     try {
       std::filesystem::rename(tmp_dir_, final_dir_);
     } catch (...) {
-      std::error_code ignored;
-      std::filesystem::rename(old, final_dir_, ignored);
+      std::error_code not_back;
+      std::filesystem::rename(old, final_dir_, not_back);
+      // Else both stay, as a killed writer leaves them, for the next run to put the old back.
+      committed_ = static_cast<bool>(not_back);
       throw;
     }
   }
@@ -607,11 +609,14 @@ int remove_unfinished_checkpoints(const std::filesystem::path& output_dir,
                                   const std::string& prefix) {
   int removed = 0;
   for (const auto& [n, path] : checkpoint_folders(output_dir, prefix, /*unfinished=*/true)) {
-    // A folder moved aside to be replaced, whose replacement never came: it is the checkpoint.
+    // A folder moved aside to be replaced, whose replacement never came (its writer's *.tmp-PID
+    // is still there, the final folder is not): it is the checkpoint. (An *.old-PID without them
+    // is one a writer could not delete, perhaps rotated away since.)
     const std::string name = path.string();
-    const std::filesystem::path final_dir = name.substr(0, name.rfind('.'));
-    if (name.find(".old-", final_dir.string().size()) != std::string::npos &&
-        !std::filesystem::exists(final_dir)) {
+    const auto dot = name.rfind('.');
+    const std::filesystem::path final_dir = name.substr(0, dot);
+    if (name.compare(dot, 5, ".old-") == 0 && !std::filesystem::exists(final_dir) &&
+        std::filesystem::exists(final_dir.string() + ".tmp-" + name.substr(dot + 5))) {
       std::filesystem::rename(path, final_dir);
       fsync_dir(output_dir);
       MIXPREC_WARN("put back ", final_dir.string(), ", which a killed save had moved to ", name);

@@ -10,7 +10,7 @@ namespace {
 
 // 00:42, 12:03, 1:02:03 as tqdm writes durations.
 std::string clock_text(double seconds) {
-  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  if (!std::isfinite(seconds) || seconds < 0 || seconds >= 9e18) return "?";  // int64's range
   const auto s = static_cast<int64_t>(seconds);
   char buf[32];
   if (s >= 3600)

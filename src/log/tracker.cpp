@@ -13,6 +13,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstring>
+#include <fstream>
 #include <set>
 #include <string_view>
 #include <type_traits>
@@ -172,7 +173,11 @@ uint32_t crc32c(const void* data, size_t size, uint32_t previous) {
 }
 
 JsonlTracker::JsonlTracker(const std::filesystem::path& path)
-    : path_(path), out_(open_for_append(path)) {}
+    : path_(path), out_(open_for_append(path)) {
+  // A line a killed run left half-written ends here, so that this run's first line stands alone.
+  std::ifstream in(path, std::ios::binary | std::ios::ate);
+  if (in && in.tellg() > 0 && in.seekg(-1, std::ios::end) && in.get() != '\n') write_line("");
+}
 
 void JsonlTracker::log(const std::map<std::string, double>& values, int64_t step) {
   nlohmann::json line = {{"step", step}, {"wall_time", wall_time()}};

@@ -65,6 +65,7 @@ std::optional<double> clip_fp32_cpu(const std::vector<at::Tensor>& grads, double
 double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_norm, double norm_type,
                        bool error_if_nonfinite) {
   check_not_updated_in_backward(parameters, "clip_grad_norm_", kClippingNeedsTheGradient);
+  at::NoGradGuard no_grad;  // as PyTorch's (@_no_grad): gradients of a create_graph backward too
   std::vector<at::Tensor> grads;
   for (const auto& p : parameters)
     if (p.grad().defined()) grads.push_back(p.grad());
@@ -77,7 +78,9 @@ double clip_grad_norm_(const std::vector<at::Tensor>& parameters, double max_nor
       at::linalg_vector_norm(at::stack(at::_foreach_norm(grads, norm_type)), norm_type);
   const double norm_value = norm.item<double>();
   check_finite(norm_value, norm_type, error_if_nonfinite);
-  at::_foreach_mul_(grads, at::clamp_max(max_norm / (norm + 1e-6), 1.0));
+  // Python's max_norm / tensor is reciprocal() * max_norm (Tensor.__rtruediv__); C++'s would
+  // round max_norm to a bf16/fp16 norm's dtype first.
+  at::_foreach_mul_(grads, at::clamp_max((norm + 1e-6).reciprocal() * max_norm, 1.0));
   return norm_value;
 }
 

@@ -2,12 +2,15 @@
 
 #include "mixprec/io/safetensors.h"
 
+#include "io/json_excerpt.h"
+
 #include <c10/util/Exception.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <regex>
 #include <sstream>
 
 namespace mixprec::train::detail {
@@ -29,11 +32,10 @@ size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
-// The value as JSON text; bytes that are not UTF-8 (YAML and flags may hold
+// The value as JSON text (cut if long); bytes that are not UTF-8 (YAML and flags may hold
 // them) shown as U+FFFD rather than failing.
 std::string describe(const json& v) {
-  return v.dump(-1, ' ', false, json::error_handler_t::replace) + " (" +
-         std::string(v.type_name()) + ")";
+  return io::detail::json_excerpt(v, 200) + " (" + std::string(v.type_name()) + ")";
 }
 
 // training_args.json must be able to hold every string: they must be UTF-8.
@@ -47,19 +49,26 @@ void check_utf8(const std::string& s, const std::string& prefix) {
 
 // YAML scalars carry no JSON type: plain ones are read as YAML 1.2's core
 // schema reads them (null, booleans, integers, floats), quoted ones as strings.
-json yaml_to_json(const YAML::Node& node) {
+// Aliases are followed, within bounds: an anchor inside itself, or aliases of
+// aliases that expand to millions of values, are errors.
+json yaml_to_json(const YAML::Node& node, int depth, size_t& values) {
+  constexpr int kMaxDepth = 64;
+  constexpr size_t kMaxValues = 1'000'000;
+  TORCH_CHECK(depth <= kMaxDepth, "nested deeper than ", kMaxDepth,
+              " levels (an alias inside its own anchor?)");
+  TORCH_CHECK(++values <= kMaxValues, "more than ", kMaxValues, " values (aliases that expand?)");
   switch (node.Type()) {
     case YAML::NodeType::Null:
       return nullptr;
     case YAML::NodeType::Sequence: {
       json array = json::array();
-      for (const auto& item : node) array.push_back(yaml_to_json(item));
+      for (const auto& item : node) array.push_back(yaml_to_json(item, depth + 1, values));
       return array;
     }
     case YAML::NodeType::Map: {
       json object = json::object();
       for (const auto& item : node)
-        object[item.first.as<std::string>()] = yaml_to_json(item.second);
+        object[item.first.as<std::string>()] = yaml_to_json(item.second, depth + 1, values);
       return object;
     }
     default: {
@@ -68,30 +77,41 @@ json yaml_to_json(const YAML::Node& node) {
       if (s == "null" || s == "~" || s == "Null" || s == "NULL") return nullptr;
       if (s == "true" || s == "True" || s == "TRUE") return true;
       if (s == "false" || s == "False" || s == "FALSE") return false;
+      static const std::regex integer("[-+]?[0-9]+");
+      static const std::regex floating(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
+      static const std::regex infinity(R"([-+]?\.(inf|Inf|INF))"), nan(R"(\.(nan|NaN|NAN))");
       try {
-        size_t used = 0;
-        const long long i = std::stoll(s, &used);
-        if (used == s.size()) return i;
-        const double d = std::stod(s, &used);
-        if (used == s.size()) return d;
-      } catch (const std::exception&) {
+        if (std::regex_match(s, integer)) return std::stoll(s);
+        if (std::regex_match(s, floating)) return std::stod(s);
+      } catch (const std::out_of_range&) {  // read as a string, refused where a number goes
       }
+      if (std::regex_match(s, infinity))
+        return s[0] == '-' ? -std::numeric_limits<double>::infinity()
+                           : std::numeric_limits<double>::infinity();
+      if (std::regex_match(s, nan)) return std::numeric_limits<double>::quiet_NaN();
       return s;
     }
   }
 }
 
-bool is_bool_literal(const std::string& s) {
-  return s == "true" || s == "false" || s == "True" || s == "False" || s == "1" || s == "0";
+// HF's string_to_bool: yes/no, true/false, t/f, y/n, 1/0, in any case; none: not one.
+std::optional<bool> bool_literal(std::string s) {
+  std::ranges::transform(s, s.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (s == "yes" || s == "true" || s == "t" || s == "y" || s == "1") return true;
+  if (s == "no" || s == "false" || s == "f" || s == "n" || s == "0") return false;
+  return std::nullopt;
 }
 
 }  // namespace
 
 json parse_config_text(const std::string& text, bool yaml, const std::string& owner) {
   try {
-    return yaml ? yaml_to_json(YAML::Load(text)) : json::parse(text);
+    size_t values = 0;
+    return yaml ? yaml_to_json(YAML::Load(text), 0, values) : json::parse(text);
   } catch (const YAML::Exception& e) {
     TORCH_CHECK(false, owner, ": malformed YAML: ", e.what());
+  } catch (const c10::Error& e) {  // yaml_to_json's bounds
+    TORCH_CHECK(false, owner, ": malformed YAML: ", e.what_without_backtrace());
   } catch (const json::exception& e) {
     TORCH_CHECK(false, owner, ": malformed JSON: ", e.what());
   }
@@ -137,7 +157,7 @@ void ArgumentParser::assign(const json& object, const std::string& where) const 
   for (const auto& [key, value] : object.items()) {
     const Argument* a = find(key);
     if (!a) unknown(key, where);
-    a->assign(value, owner_ + ": '" + key + "'");
+    a->assign(value, owner_ + where + ": '" + key + "'");
   }
 }
 
@@ -170,7 +190,7 @@ void ArgumentParser::parse_args(const std::vector<std::string>& words) const {
     if (!a) unknown(key, " (command line)");
     if (eq != std::string::npos) {
     } else if (a->is_bool) {
-      if (i < words.size() && is_bool_literal(words[i])) values.push_back(words[i++]);
+      if (i < words.size() && bool_literal(words[i])) values.push_back(words[i++]);
     } else if (a->is_list) {
       while (i < words.size() && !words[i].starts_with("--")) values.push_back(words[i++]);
     } else {
@@ -382,7 +402,9 @@ json to_json_value(const optim::SchedulerKwargs& field) {
 }
 
 json words_value(const bool&, const std::vector<std::string>& words) {
-  return words.empty() || words[0] == "true" || words[0] == "True" || words[0] == "1";
+  if (words.empty()) return true;
+  const auto value = bool_literal(words[0]);
+  return value ? json(*value) : json(words[0]);  // a word that is none: refused as a string
 }
 json words_value(const std::string&, const std::vector<std::string>& words) {
   return words.empty() ? json("") : json(words[0]);

@@ -560,6 +560,7 @@ TrainOutput Trainer::train(std::optional<std::string> resume_from_checkpoint) {
   if (acc.should_save() && io::remove_unfinished_checkpoints(args_.output_dir) > 0)
     MIXPREC_WARN("Trainer: removed checkpoint folders a killed run left unfinished in ",
                  args_.output_dir);
+  acc.wait_for_everyone();  // it may have put a checkpoint back: all look for the last after it
   const bool resume_last = resume_from_checkpoint == "last";
   if (resume_last) {
     const auto last = io::last_good_checkpoint(args_.output_dir);
@@ -673,6 +674,9 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
       std::max<int64_t>((batches_per_epoch + args_.gradient_accumulation_steps - 1) /
                             args_.gradient_accumulation_steps,
                         1);
+  TORCH_CHECK(args_.max_steps > 0 || args_.num_train_epochs * updates_per_epoch <= 1e15,
+              "Trainer: num_train_epochs ", args_.num_train_epochs, " of ", updates_per_epoch,
+              " steps each are more than 1e15 steps");
   const int64_t max_steps =
       args_.max_steps > 0
           ? args_.max_steps

@@ -335,6 +335,14 @@ void TrainingArguments::validate() {
               ddp_comm_hook, "' is not one of \"no\", \"fp16\", \"bf16\"");
   TORCH_CHECK(max_steps > 0 || num_train_epochs > 0,
               "TrainingArguments: set num_train_epochs > 0 or max_steps > 0");
+  // mixprec's bound, which HF lacks: far beyond any run, and the step arithmetic stays in int64.
+  for (const auto& [name, value] :
+       {std::pair{"num_train_epochs", num_train_epochs},
+        std::pair{"max_steps", static_cast<double>(max_steps)},
+        std::pair{"gradient_accumulation_steps", static_cast<double>(gradient_accumulation_steps)},
+        std::pair{"warmup_steps", warmup_steps}, std::pair{"logging_steps", logging_steps},
+        std::pair{"save_steps", save_steps}, std::pair{"eval_steps", eval_steps.value_or(0)}})
+    TORCH_CHECK(value <= 1e15, "TrainingArguments: ", name, " must be at most 1e15, got ", value);
 
   if (eval_strategy != "no") do_eval = true;  // HF's
   {  // HF splits text on whitespace ("underflow_overflow tpu_metrics_debug")

@@ -254,6 +254,15 @@ TEST(DataLoader, RandomSamplerResumesMidPass) {
       range_dataset(10),
       {.batch_size = 3, .shuffle = true, .shuffle_order = ShuffleOrder::kRandomSampler});
   EXPECT_TRUE(has(error_of([&] { no_seed.load_state({0, 2}); }), "without the pass_seed"));
+  // A RandomSampler's position loaded into a loader that shuffles by seed + epoch: the rest of
+  // that epoch is another order, which a warning says.
+  {
+    mixprec::testing::CapturedWarnings warnings;
+    DataLoader seeded(range_dataset(10), {.batch_size = 3, .shuffle = true, .seed = 0});
+    seeded.load_state({.epoch = 0, .batches_yielded = 2, .pass_seed = 7});
+    ASSERT_EQ(warnings.messages.size(), 1u);
+    EXPECT_TRUE(has(warnings.messages[0], "saved by a RandomSampler's shuffle"));
+  }
   // No pass has begun to name a position in, with or without a generator.
   EXPECT_TRUE(has(error_of([&] { no_seed.state_at(0, 2); }), "before any pass began"));
   DataLoader with_generator(range_dataset(10),

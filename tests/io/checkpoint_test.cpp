@@ -206,7 +206,8 @@ TEST(CheckpointWriter, ReplacesAtomicallyAndCleansUp) {
 
 // A writer that replaces a folder without the file system's atomic swap moves the old one aside
 // first: killed between its two renames, it leaves no final folder, and the next run's cleanup
-// puts the old one back rather than deleting both. A trailing separator names the folder.
+// puts the old one back rather than deleting both. An old folder a writer could not delete
+// goes, even once its final folder is gone. A trailing separator names the folder.
 TEST(CheckpointWriter, AReplacementCutOffHalfWayIsPutBack) {
   const auto root = fs::temp_directory_path() / ("mixprec_ckpt_cut_" + std::to_string(getpid()));
   fs::remove_all(root);
@@ -218,7 +219,9 @@ TEST(CheckpointWriter, AReplacementCutOffHalfWayIsPutBack) {
   fs::rename(root / "checkpoint-1", root / "checkpoint-1.old-4242");
   fs::create_directories(root / "checkpoint-1.tmp-4242");
   std::ofstream(root / "checkpoint-1.tmp-4242" / "note.txt") << "new, unfinished";
-  EXPECT_EQ(mixprec::io::remove_unfinished_checkpoints(root), 1);  // the .tmp only
+  fs::create_directories(root / "checkpoint-1.old-77");  // beside a final folder
+  fs::create_directories(root / "checkpoint-3.old-88");  // its final folder rotated away
+  EXPECT_EQ(mixprec::io::remove_unfinished_checkpoints(root), 3);
   EXPECT_EQ(mixprec::io::read_file(root / "checkpoint-1" / "note.txt"), "old");
   mixprec::io::verify_checkpoint(root / "checkpoint-1");
   for (const char* text : {"first", "second"}) {

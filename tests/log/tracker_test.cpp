@@ -47,6 +47,19 @@ TEST(JsonlTracker, OneObjectPerLine) {
   EXPECT_EQ(lines[0]["lr"], 1e-3);
   EXPECT_TRUE(lines[0]["wall_time"].is_number());
   EXPECT_EQ(lines[1]["loss"], "inf");
+  // A run killed in the middle of a line, then resumed into the same file: its first line
+  // starts on a line of its own.
+  std::ofstream(dir / "log.jsonl", std::ios::app) << R"({"step": 3, "lo)";
+  {
+    mixprec::log::JsonlTracker tracker(dir / "log.jsonl");
+    tracker.log({{"loss", 0.25}}, 3);
+  }
+  std::ifstream again(dir / "log.jsonl");
+  std::vector<std::string> texts;
+  while (std::getline(again, line)) texts.push_back(line);
+  ASSERT_EQ(texts.size(), 4u);
+  EXPECT_EQ(texts[2], R"({"step": 3, "lo)");
+  EXPECT_EQ(json::parse(texts[3])["loss"], 0.25);
   fs::remove_all(dir);
 }
 

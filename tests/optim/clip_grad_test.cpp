@@ -136,6 +136,34 @@ TEST(ClipGradNorm, ParametersWithoutGradientsAreSkipped) {
   EXPECT_FALSE(params[1].grad().defined());
 }
 
+// bf16 gradients and a max_norm that bf16 does not hold: the coefficient as Python computes
+// max_norm / (total_norm + 1e-6) (Tensor.__rtruediv__: reciprocal() * max_norm), not as C++'s
+// double / Tensor (max_norm rounded to bf16 first, then divided).
+TEST(ClipGradNorm, TheCoefficientIsPythonsForAMaxNormBf16DoesNotHold) {
+  const auto grads = random_grads(torch::kBFloat16);
+  auto params = with_grads(grads);
+  clip_grad_norm_(params, 0.3);
+  std::vector<at::Tensor> norms;
+  for (const auto& g : grads) norms.push_back(at::linalg_vector_norm(g, 2));
+  const auto total = at::linalg_vector_norm(at::stack(norms), 2);
+  const auto coef = at::clamp_max((total + 1e-6).reciprocal() * 0.3, 1.0);
+  const auto cpp_coef = at::clamp_max(0.3 / (total + 1e-6), 1.0);
+  ASSERT_FALSE(coef.equal(cpp_coef));  // else this test would not tell them apart
+  for (size_t i = 0; i < grads.size(); ++i) EXPECT_TRUE(params[i].grad().equal(grads[i] * coef));
+}
+
+// Under no_grad, as PyTorch's: gradients that require grad themselves (a leaf here, as one set
+// by hand) are scaled in place without an error, and nothing is recorded.
+TEST(ClipGradNorm, GradientsThatRequireGradAreScaledWithoutAGraph) {
+  for (const double norm_type : {2.0, 1.0}) {
+    auto p = torch::zeros({4}, torch::requires_grad());
+    p.mutable_grad() = torch::full({4}, 3.0).requires_grad_();
+    EXPECT_NEAR(clip_grad_norm_({p}, 1.0, norm_type), norm_type == 2.0 ? 6.0 : 12.0, 1e-6);
+    EXPECT_FALSE(p.grad().grad_fn());
+    EXPECT_NEAR(p.grad()[0].item<double>(), norm_type == 2.0 ? 0.5 : 0.25, 1e-6);
+  }
+}
+
 // A parameter listed twice counts twice and is scaled twice, as LibTorch's clip_grad_norm_
 // does (mixprec's kernels, which scale blocks in parallel, leave it to the foreach path).
 TEST(ClipGradNorm, ParametersListedTwiceMatchLibTorch) {

@@ -148,11 +148,13 @@ disable_tqdm: true
 numerics_monitor_steps: 10
 )");
   int code = -1;
-  const std::string out = run("precision-report --config run.yaml --report_dir report", &code);
+  // A folder name the shell would misread unquoted (gnuplot runs in it).
+  const std::string out =
+      run("precision-report --config run.yaml --report_dir \"bob's report\"", &code);
   ASSERT_EQ(code, 0) << out;
   // The Trainer prints the monitor's summary at the end of each run.
   EXPECT_NE(out.find("Numerics monitor: 5 of 40 steps inspected"), std::string::npos) << out;
-  const fs::path report = dir_ / "report";
+  const fs::path report = dir_ / "bob's report";
   const json figures = read_json(report / "report.json");
   ASSERT_EQ(figures.at("runs").size(), 4u) << figures.dump();
   std::map<std::string, json> runs;

@@ -1020,8 +1020,9 @@ TEST_F(TrainerTest, SaveTotalLimitZeroKeepsEveryCheckpoint) {
 
 // Rotation after a resume from an earlier checkpoint than the folder's last: as HF's (by
 // modification time), the new run's checkpoint stays, not the earlier run's later ones. And the
-// folder just saved stays even when it is not the latest written (here: folders dated ahead, by
-// a clock that was; in HF's fallback to the steps' order, a later step).
+// folder just saved stays even when it is not the latest written (here: the earlier run's
+// folders dated an hour ahead, as a clock set wrong would date them; in HF's fallback to the
+// steps' order: a later step), which HF's rotation would delete.
 TEST_F(TrainerTest, RotationAfterAnEarlierResumeKeepsTheNewRunsCheckpoint) {
   for (const int hours : {-1, 1}) {
     SCOPED_TRACE(hours);

@@ -236,8 +236,8 @@ TEST(TrainingArguments, LrSchedulerKwargsAreTheSchedulesOwn) {
   EXPECT_NE(error_of([] {
               TrainingArguments::parse_args({"--lr_scheduler_kwargs", "{num_cycles: 2}"});
             })
-                .find("TrainingArguments: 'lr_scheduler_kwargs' expects an object of numbers and "
-                      "strings, got "
+                .find("TrainingArguments (command line): 'lr_scheduler_kwargs' expects an "
+                      "object of numbers and strings, got "
                       "\"{num_cycles: 2}\" (string), which is not JSON: "),
             std::string::npos);
   // cosine_with_min_lr needs one of min_lr and min_lr_rate: an error when the arguments are read.
@@ -548,7 +548,25 @@ TEST(TrainingArguments, ClearErrors) {
   EXPECT_EQ(error_of([] {
               TrainingArguments::parse_args({"--learning_rate", "fast"});
             }),
-            "TrainingArguments: 'learning_rate' expects a number, got \"fast\" (string)");
+            "TrainingArguments (command line): 'learning_rate' expects a number, got \"fast\" "
+            "(string)");
+  // A config file's bad value names the file.
+  const auto bad_value = write_temp("bad_value.yaml", "learning_rate: abc\n");
+  EXPECT_EQ(error_of([&] {
+              TrainingArguments::parse_args({"--config", bad_value});
+            }),
+            "TrainingArguments (" + bad_value +
+                "): 'learning_rate' expects a number, got \"abc\" (string)");
+  std::filesystem::remove(bad_value);
+  // Step counts whose arithmetic would leave int64 (mixprec's bound).
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::parse_args({"--num_train_epochs", "1e30"});
+            }),
+            "TrainingArguments: num_train_epochs must be at most 1e15, got 1e+30");
+  EXPECT_EQ(error_of([] {
+              TrainingArguments::parse_args({"--max_steps", "9223372036854775807"});
+            }),
+            "TrainingArguments: max_steps must be at most 1e15, got 9.22337e+18");
   const auto bad_yaml = write_temp("bad.yaml", "fp16: [true\n");
   EXPECT_NE(error_of([&] { TrainingArguments::from_file(bad_yaml); }).find("malformed YAML"),
             std::string::npos);
@@ -585,6 +603,42 @@ TEST(TrainingArguments, BadConfigsNameTheKey) {
   EXPECT_NE(error_of([] { TrainingArguments::from_yaml("{fp16: true"); }).find("malformed YAML"),
             std::string::npos);
   EXPECT_EQ(TrainingArguments::from_yaml("bf16: true\nseed: 7\n").seed, 7);
+  // YAML 1.2's floats without a leading digit, and its infinity (which HF reads too).
+  const auto floats = TrainingArguments::from_yaml(
+      "warmup_steps: .5\nweight_decay: .5e-1\n"
+      "max_grad_norm: .inf\n");
+  EXPECT_EQ(floats.warmup_steps, 0.5);
+  EXPECT_EQ(floats.weight_decay, 0.05);
+  EXPECT_TRUE(std::isinf(floats.max_grad_norm));
+  EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("seed: nan\n"); }),
+            "TrainingArguments: 'seed' expects an integer, got \"nan\" (string)");
+  // An anchor inside itself, and aliases that would expand to 10^7 values: errors, not a stack
+  // overflow or all the memory.
+  EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("seed: &a [*a]\n"); }),
+            "TrainingArguments: malformed YAML: nested deeper than 64 levels (an alias inside "
+            "its own anchor?)");
+  std::string laughs = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n";
+  for (int i = 1; i <= 6; ++i)
+    laughs += "a" + std::to_string(i) + ": &a" + std::to_string(i) + " [" + [&] {
+      std::string items;
+      for (int j = 0; j < 10; ++j) items += (j ? ", *a" : "*a") + std::to_string(i - 1);
+      return items;
+    }() + "]\n";
+  EXPECT_EQ(error_of([&] { TrainingArguments::from_yaml(laughs); }),
+            "TrainingArguments: malformed YAML: more than 1000000 values (aliases that expand?)");
+  // JSON nested too deep to print is named by its type.
+  const std::string deep =
+      "{\"seed\": " + std::string(100000, '[') + std::string(100000, ']') + "}";
+  EXPECT_EQ(error_of([&] { TrainingArguments::from_json(deep); }),
+            "TrainingArguments: 'seed' expects an integer, got <array nested deeper than 64 "
+            "levels> (array)");
+  // Booleans as HF's string_to_bool reads them; any other word is an error.
+  EXPECT_TRUE(TrainingArguments::parse_args({"--bf16=YES"}).bf16);
+  EXPECT_TRUE(TrainingArguments::parse_args({"--bf16", "y"}).bf16);
+  EXPECT_FALSE(TrainingArguments::parse_args({"--bf16=No"}).bf16);
+  EXPECT_EQ(error_of([] { TrainingArguments::parse_args({"--fp16=garbage"}); }),
+            "TrainingArguments (command line): 'fp16' expects a boolean, got \"garbage\" "
+            "(string)");
   // Bytes that are not UTF-8 (found by fuzz/fuzz_training_args_yaml): the error message itself
   // threw a raw JSON error, and training_args.json could not have been written.
   EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("fp16: t\x8cue\n"); }),

@@ -97,8 +97,9 @@ std::optional<std::filesystem::path> last_good_checkpoint(
 
 /// Removes what a killed writer left in `output_dir`: CheckpointWriter's
 /// `*.tmp-PID` and `*.old-PID` folders, except that an `*.old-PID` folder
-/// whose final folder is missing (the writer died while replacing it) is
-/// renamed back. Returns how many it removed.
+/// whose final folder is missing and whose `*.tmp-PID` is there (the writer
+/// died between the two renames of a replacement) is renamed back. Returns
+/// how many it removed.
 int remove_unfinished_checkpoints(const std::filesystem::path& output_dir,
                                   const std::string& prefix = "checkpoint-");
 
