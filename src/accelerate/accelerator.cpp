@@ -120,6 +120,7 @@ std::shared_ptr<dist::GradientReducer> Accelerator::distribute(torch::nn::Module
   std::vector<at::Tensor> trained;
   for (const auto& p : module.parameters())
     if (p.requires_grad()) trained.push_back(p);
+  if (trained.empty()) return nullptr;  // as Accelerate: nothing to all-reduce, no DDP
   return std::make_shared<dist::GradientReducer>(std::move(trained), group, shared_->options.ddp,
                                                  module.buffers());
 }

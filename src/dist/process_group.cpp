@@ -11,6 +11,7 @@
 #include <torch/csrc/distributed/c10d/comm.hpp>
 #include <torch/csrc/distributed/c10d/reducer.hpp>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
@@ -196,10 +197,14 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
                                        "which would update it before the all-reduce");
   const int64_t cap = options.bucket_cap_mb * 1024 * 1024;
   const std::vector<bool> sparse(parameters.size(), false);
-  // As DDP: a small first bucket starts communication early in backward.
+  // As DDP: a small first bucket starts communication early in backward, and the buckets go in
+  // reverse order of the parameters (backward reaches the last ones first; the reducer starts
+  // them in order), until rebuild_buckets() orders them as the first backward's gradients came.
   auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
       parameters, {static_cast<size_t>(c10d::kDefaultFirstBucketBytes), static_cast<size_t>(cap)},
       sparse);
+  std::ranges::reverse(buckets);
+  std::ranges::reverse(limits);
   std::unordered_map<size_t, std::string> names;
   for (size_t i = 0; i < parameters.size(); ++i) names[i] = "param" + std::to_string(i);
   impl_->reducer = std::make_unique<c10d::Reducer>(
@@ -228,6 +233,9 @@ void GradientReducer::before_forward() {
                   "Accelerator's ddp option, the Trainer's ddp_find_unused_parameters)");
       throw;
     }
+    // As DDP's forward (on every process alike): once, the buckets in the order the first
+    // synced backward's gradients came; until then, the reducer records that order each step.
+    impl_->reducer->rebuild_buckets();
   }
   if (!require_forward_param_sync_ || !impl_->options.broadcast_buffers) return;
   at::NoGradGuard no_grad;

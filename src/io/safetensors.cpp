@@ -271,7 +271,8 @@ int64_t parse_size(const std::string& size) {
   static const std::regex format(
       R"(\s*([0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([KMGTkmgt][Bb])\s*)");
   std::smatch m;
-  TORCH_CHECK(std::regex_match(size, m, format), "size '", size,
+  // The length first: std::regex recurses once per character.
+  TORCH_CHECK(size.size() <= 64 && std::regex_match(size, m, format), "size '", size,
               "': expected a number and a unit of KB, MB, GB or TB, as \"10GB\"");
   const std::map<char, double> units{{'K', 1e3}, {'M', 1e6}, {'G', 1e9}, {'T', 1e12}};
   // strtod, not stod: out of double's range is inf or 0 here, not std::out_of_range("stod").

@@ -99,6 +99,7 @@ GPT2Config GPT2Config::from_json_file(const std::filesystem::path& path) {
                 ", expected a string");
     c.activation_function = j["activation_function"].get<std::string>();
   }
+  c.initializer_range = optional_number(j, "initializer_range", c.initializer_range, path);
   expect_default(j, "tie_word_embeddings", true, path);
   expect_default(j, "scale_attn_weights", true, path);
   expect_default(j, "scale_attn_by_inverse_layer_idx", false, path);
@@ -124,6 +125,7 @@ void GPT2Config::save_json_file(const std::filesystem::path& path) const {
       {"embd_pdrop", embd_pdrop},
       {"resid_pdrop", resid_pdrop},
       {"layer_norm_epsilon", layer_norm_epsilon},
+      {"initializer_range", initializer_range},
       {"n_embd", n_embd},
       {"n_head", n_head},
       {"n_inner", nullptr},
@@ -152,6 +154,8 @@ void GPT2Config::validate() const {
               n_head);
   TORCH_CHECK(layer_norm_epsilon > 0, "Invalid layer_norm_epsilon: ", layer_norm_epsilon,
               " (expected > 0)");
+  TORCH_CHECK(initializer_range >= 0 && std::isfinite(initializer_range),
+              "Invalid initializer_range: ", initializer_range, " (expected >= 0)");
   for (auto [name, p] : {std::pair{"resid_pdrop", resid_pdrop},
                          {"embd_pdrop", embd_pdrop},
                          {"attn_pdrop", attn_pdrop}})
@@ -164,10 +168,10 @@ void GPT2Config::validate() const {
 // ---------------------------------------------------------------------------------------------
 // Modules
 
-Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features) {
+Conv1DImpl::Conv1DImpl(int64_t in_features, int64_t out_features, double init_std) {
   weight = register_parameter("weight", torch::empty({in_features, out_features}));
   bias = register_parameter("bias", torch::zeros({out_features}));
-  torch::nn::init::normal_(weight, 0.0, 0.02);
+  torch::nn::init::normal_(weight, 0.0, init_std);
 }
 
 torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
@@ -176,8 +180,10 @@ torch::Tensor Conv1DImpl::forward(const torch::Tensor& x) {
 
 GPT2AttentionImpl::GPT2AttentionImpl(const GPT2Config& config)
     : n_head_(config.n_head), attn_pdrop_(config.attn_pdrop) {
-  c_attn = register_module("c_attn", Conv1D(config.n_embd, 3 * config.n_embd));
-  c_proj = register_module("c_proj", Conv1D(config.n_embd, config.n_embd));
+  c_attn =
+      register_module("c_attn", Conv1D(config.n_embd, 3 * config.n_embd, config.initializer_range));
+  c_proj =
+      register_module("c_proj", Conv1D(config.n_embd, config.n_embd, config.initializer_range));
   resid_dropout = register_module("resid_dropout", torch::nn::Dropout(config.resid_pdrop));
 }
 
@@ -189,8 +195,10 @@ torch::Tensor GPT2AttentionImpl::forward(const torch::Tensor& x) {
 }
 
 GPT2MLPImpl::GPT2MLPImpl(const GPT2Config& config) {
-  c_fc = register_module("c_fc", Conv1D(config.n_embd, 4 * config.n_embd));
-  c_proj = register_module("c_proj", Conv1D(4 * config.n_embd, config.n_embd));
+  c_fc =
+      register_module("c_fc", Conv1D(config.n_embd, 4 * config.n_embd, config.initializer_range));
+  c_proj =
+      register_module("c_proj", Conv1D(4 * config.n_embd, config.n_embd, config.initializer_range));
   dropout = register_module("dropout", torch::nn::Dropout(config.resid_pdrop));
 }
 
@@ -245,6 +253,8 @@ torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids) {
   TORCH_CHECK(input_ids.dim() == 2 && input_ids.scalar_type() == at::kLong,
               "GPT-2: input_ids must be (B, T) int64, got ", input_ids.scalar_type(), " of shape ",
               input_ids.sizes());
+  TORCH_CHECK(input_ids.size(0) >= 1, "GPT-2: input_ids holds no sequence (shape ",
+              input_ids.sizes(), ")");
   const int64_t T = input_ids.size(1);
   TORCH_CHECK(T >= 1 && T <= n_positions_, "GPT-2: sequence length ", T,
               " is outside [1, n_positions = ", n_positions_, "]");
@@ -283,15 +293,17 @@ void GPT2ModelImpl::activation_checkpointing_enable(int64_t every_n_layers,
 GPT2LMHeadModelImpl::GPT2LMHeadModelImpl(GPT2Config config) : config_(std::move(config)) {
   config_.validate();
   transformer = register_module("transformer", GPT2Model(config_));
-  // HF's _init_weights: N(0, 0.02) everywhere, residual projections N(0, 0.02 / sqrt(2 L)).
+  // HF's _init_weights: N(0, initializer_range) everywhere, residual projections
+  // N(0, initializer_range / sqrt(2 L)).
   torch::NoGradGuard no_grad;
+  const double init_std = config_.initializer_range;
   for (auto& item : named_parameters()) {
     const std::string& name = item.key();
     at::Tensor& p = item.value();
     if (name.ends_with("wte.weight") || name.ends_with("wpe.weight"))
-      p.normal_(0.0, 0.02);
+      p.normal_(0.0, init_std);
     else if (name.ends_with("c_proj.weight"))
-      p.normal_(0.0, 0.02 / std::sqrt(2.0 * config_.n_layer));
+      p.normal_(0.0, init_std / std::sqrt(2.0 * config_.n_layer));
   }
 }
 
@@ -320,10 +332,12 @@ ModelOutput GPT2LMHeadModelImpl::forward(const torch::Tensor& input_ids,
 
 torch::Tensor GPT2LMHeadModelImpl::generate(const torch::Tensor& input_ids, int64_t max_new_tokens,
                                             const GenerateOptions& options) {
-  TORCH_CHECK(max_new_tokens >= 0, "generate: max_new_tokens is ", max_new_tokens,
-              ", expected >= 0");
-  TORCH_CHECK(input_ids.dim() == 2 && input_ids.size(1) + max_new_tokens <= config_.n_positions,
-              "generate: input length ", input_ids.sizes(), " + max_new_tokens ", max_new_tokens,
+  TORCH_CHECK(max_new_tokens > 0, "generate: `max_new_tokens` must be greater than 0, but is ",
+              max_new_tokens, ".");  // HF's message
+  TORCH_CHECK(input_ids.dim() == 2, "generate: input_ids must be (B, T), got shape ",
+              input_ids.sizes());
+  TORCH_CHECK(max_new_tokens <= config_.n_positions - input_ids.size(1), "generate: input length ",
+              input_ids.size(1), " + max_new_tokens ", max_new_tokens,
               " exceeds n_positions = ", config_.n_positions);
   if (options.do_sample) {
     TORCH_CHECK(options.temperature > 0, "generate: temperature is ", options.temperature,
@@ -411,6 +425,7 @@ GPT2LMHeadModel GPT2LMHeadModel::from_pretrained(const std::filesystem::path& di
     TORCH_CHECK(false, at, "unexpected tensor '", name, "' of shape ", shape_of(t.sizes()),
                 " (not a GPT2LMHeadModel parameter)");
   }
+  model->eval();  // as HF's from_pretrained: dropout off until train()
   return model;
 }
 

@@ -48,7 +48,9 @@ void check_utf8(const std::string& s, const std::string& prefix) {
 }
 
 // YAML scalars carry no JSON type: plain ones are read as YAML 1.2's core
-// schema reads them (null, booleans, integers, floats), quoted ones as strings.
+// schema reads them (null, true/false, integers in decimal, 0x hex and 0o
+// octal, floats, .inf and .nan), quoted ones as strings. (Not YAML 1.1's
+// yes/no/on/off booleans, which PyYAML takes: `eval_strategy: no` is "no".)
 // Aliases are followed, within bounds: an anchor inside itself, or aliases of
 // aliases that expand to millions of values, are errors.
 json yaml_to_json(const YAML::Node& node, int depth, size_t& values) {
@@ -77,11 +79,15 @@ json yaml_to_json(const YAML::Node& node, int depth, size_t& values) {
       if (s == "null" || s == "~" || s == "Null" || s == "NULL") return nullptr;
       if (s == "true" || s == "True" || s == "TRUE") return true;
       if (s == "false" || s == "False" || s == "FALSE") return false;
-      static const std::regex integer("[-+]?[0-9]+");
+      // Longer, it is no number (and std::regex would recurse once per character).
+      if (s.size() > 64) return s;
+      static const std::regex integer("[-+]?[0-9]+"), hex("0x[0-9a-fA-F]+"), octal("0o[0-7]+");
       static const std::regex floating(R"([-+]?(\.[0-9]+|[0-9]+(\.[0-9]*)?)([eE][-+]?[0-9]+)?)");
       static const std::regex infinity(R"([-+]?\.(inf|Inf|INF))"), nan(R"(\.(nan|NaN|NAN))");
       try {
         if (std::regex_match(s, integer)) return std::stoll(s);
+        if (std::regex_match(s, hex)) return std::stoll(s.substr(2), nullptr, 16);
+        if (std::regex_match(s, octal)) return std::stoll(s.substr(2), nullptr, 8);
         if (std::regex_match(s, floating)) return std::stod(s);
       } catch (const std::out_of_range&) {  // read as a string, refused where a number goes
       }

@@ -342,7 +342,8 @@ void TrainingArguments::validate() {
         std::pair{"gradient_accumulation_steps", static_cast<double>(gradient_accumulation_steps)},
         std::pair{"warmup_steps", warmup_steps}, std::pair{"logging_steps", logging_steps},
         std::pair{"save_steps", save_steps}, std::pair{"eval_steps", eval_steps.value_or(0)}})
-    TORCH_CHECK(value <= 1e15, "TrainingArguments: ", name, " must be at most 1e15, got ", value);
+    TORCH_CHECK(value <= 1e15, "TrainingArguments: ", name, " must be a number at most 1e15, got ",
+                value);
 
   if (eval_strategy != "no") do_eval = true;  // HF's
   {  // HF splits text on whitespace ("underflow_overflow tpu_metrics_debug")

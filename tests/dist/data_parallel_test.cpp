@@ -146,6 +146,14 @@ TEST_F(DataParallel, MatchesOneProcessOnTheGlobalBatch) {
   expect_same_on_every_rank(accelerator, flat_params(*net));
   EXPECT_TRUE(torch::allclose(flat_params(*net), flat_params(*reference), 1e-5, 1e-6))
       << (flat_params(*net) - flat_params(*reference)).abs().max().item<double>();
+  // A model with nothing to train (a frozen teacher) is prepared without a reducer (c10d's
+  // refuses an empty list), as Accelerate leaves it unwrapped; rank 0's weights all the same.
+  torch::manual_seed(200 + rank);
+  auto frozen = make_net();
+  for (auto& p : frozen->parameters()) p.requires_grad_(false);
+  auto teacher = accelerator.prepare(frozen);
+  expect_same_on_every_rank(accelerator, flat_params(*frozen));
+  EXPECT_EQ(teacher(torch::randn({2, 6})).size(0), 2);
 }
 
 TEST_F(DataParallel, AnInfOnOneRankSkipsTheStepOnEveryRank) {

@@ -143,9 +143,10 @@ Parity parity(GPT2LMHeadModel& model, const std::string& mode) {
   return p;
 }
 
+// from_pretrained's model is in eval mode, as HF's (the tiny model's dropout is 0.1).
 TEST_F(GPT2, Fp32MatchesTransformers) {
   auto model = GPT2LMHeadModel::from_pretrained(kTiny);
-  model->eval();
+  EXPECT_FALSE(model->is_training());
   auto p = parity(model, "fp32");
   EXPECT_LE(p.max_logit_diff, kFp32Tol);
   EXPECT_LE(p.loss_diff, kFp32Tol);
@@ -269,6 +270,25 @@ TEST_F(GPT2, TrainsWithDropoutOnlyInTrainMode) {
     EXPECT_EQ(p.key().find("lm_head"), std::string::npos);
 }
 
+// initializer_range (HF's config key) sets the weights' spread: the same draws, scaled.
+TEST_F(GPT2, InitializerRangeScalesTheInitialWeights) {
+  GPT2Config config{.vocab_size = 32, .n_positions = 16, .n_embd = 16, .n_layer = 2, .n_head = 2};
+  torch::manual_seed(0);
+  GPT2LMHeadModel narrow(config);
+  config.initializer_range = 0.2;
+  torch::manual_seed(0);
+  GPT2LMHeadModel wide(config);
+  const auto a = narrow->named_parameters(), b = wide->named_parameters();
+  for (const auto& p : a) {
+    const bool drawn = p.key().ends_with(".weight") && p.key().find("ln_") == std::string::npos;
+    EXPECT_TRUE(torch::allclose(p.value() * (drawn ? 10 : 1), b[p.key()], 1e-6, 1e-7)) << p.key();
+  }
+  wide->save_pretrained(dir_ / "wide");
+  EXPECT_EQ(GPT2Config::from_json_file(dir_ / "wide" / "config.json").initializer_range, 0.2);
+  EXPECT_ERROR(GPT2LMHeadModel(GPT2Config{.initializer_range = -1}),
+               "Invalid initializer_range: -1");
+}
+
 TEST_F(GPT2, BadConfigsAreClearErrors) {
   EXPECT_ERROR(GPT2Config::from_json_file(dir_ / "none.json"),
                "none.json: cannot open (No such file or directory)");
@@ -339,6 +359,14 @@ TEST_F(GPT2, RejectsBadInputs) {
       model->forward(torch::zeros({2, 4}, torch::kLong), torch::zeros({2, 3}, torch::kLong)),
       "labels must be int64 of the shape of input_ids");
   EXPECT_ERROR(model->generate(torch::zeros({1, 4}, torch::kLong), 5), "exceeds n_positions = 8");
+  EXPECT_ERROR(model->generate(torch::zeros({1, 4}, torch::kLong), INT64_MAX),
+               "exceeds n_positions = 8");
+  EXPECT_ERROR(model->generate(torch::zeros({1, 4}, torch::kLong), 0),
+               "`max_new_tokens` must be greater than 0, but is 0.");
+  EXPECT_ERROR(model->generate(torch::zeros({4}, torch::kLong), 2),
+               "input_ids must be (B, T), got shape [4]");
+  EXPECT_ERROR(model->forward(torch::zeros({0, 4}, torch::kLong)),
+               "input_ids holds no sequence (shape [0, 4])");
   EXPECT_ERROR(GPT2LMHeadModel(GPT2Config{.n_embd = 10, .n_head = 3}), "not divisible by n_head 3");
 }
 

@@ -562,11 +562,11 @@ TEST(TrainingArguments, ClearErrors) {
   EXPECT_EQ(error_of([] {
               TrainingArguments::parse_args({"--num_train_epochs", "1e30"});
             }),
-            "TrainingArguments: num_train_epochs must be at most 1e15, got 1e+30");
+            "TrainingArguments: num_train_epochs must be a number at most 1e15, got 1e+30");
   EXPECT_EQ(error_of([] {
               TrainingArguments::parse_args({"--max_steps", "9223372036854775807"});
             }),
-            "TrainingArguments: max_steps must be at most 1e15, got 9.22337e+18");
+            "TrainingArguments: max_steps must be a number at most 1e15, got 9.22337e+18");
   const auto bad_yaml = write_temp("bad.yaml", "fp16: [true\n");
   EXPECT_NE(error_of([&] { TrainingArguments::from_file(bad_yaml); }).find("malformed YAML"),
             std::string::npos);
@@ -609,6 +609,13 @@ TEST(TrainingArguments, BadConfigsNameTheKey) {
       "max_grad_norm: .inf\n");
   EXPECT_EQ(floats.warmup_steps, 0.5);
   EXPECT_EQ(floats.weight_decay, 0.05);
+  const auto integers = TrainingArguments::from_yaml("seed: 0x1F\nlogging_steps: 0o17\n");
+  EXPECT_EQ(integers.seed, 31);
+  EXPECT_EQ(integers.logging_steps, 15);
+  // A number of 50,000 digits is text (std::regex would have overflowed the stack on it).
+  EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("seed: " + std::string(50000, '1')); }),
+            "TrainingArguments: 'seed' expects an integer, got \"" + std::string(196, '1') +
+                "... (string)");
   EXPECT_TRUE(std::isinf(floats.max_grad_norm));
   EXPECT_EQ(error_of([] { TrainingArguments::from_yaml("seed: nan\n"); }),
             "TrainingArguments: 'seed' expects an integer, got \"nan\" (string)");

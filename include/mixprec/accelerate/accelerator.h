@@ -302,7 +302,7 @@ class PreparedModel {
   friend class Accelerator;  // no_sync
   M module_;
   std::shared_ptr<detail::Shared> shared_;
-  std::shared_ptr<dist::GradientReducer> reducer_;  // null in one process
+  std::shared_ptr<dist::GradientReducer> reducer_;  // null in one process, or nothing trained
 };
 
 /// An optimizer prepared by an Accelerator: `step()` and `zero_grad()` act on

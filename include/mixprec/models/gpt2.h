@@ -25,6 +25,7 @@ struct GPT2Config {
   double embd_pdrop = 0.1;
   double attn_pdrop = 0.1;
   std::string activation_function = "gelu_new";  ///< or "gelu_pytorch_tanh"
+  double initializer_range = 0.02;               ///< the weights' initial standard deviation (HF's)
 
   /// Reads an HF `config.json`. vocab_size, n_positions, n_embd, n_layer and n_head are
   /// required; the rest default as in HF. Missing or mistyped keys, and HF options this model
@@ -42,7 +43,7 @@ struct GPT2Config {
 /// CPU tensors outside autocast and for bf16 ones, under bf16 autocast too).
 class Conv1DImpl : public torch::nn::Module {
  public:
-  Conv1DImpl(int64_t in_features, int64_t out_features);
+  Conv1DImpl(int64_t in_features, int64_t out_features, double init_std = 0.02);
   torch::Tensor forward(const torch::Tensor& x);  // (..., in) -> (..., out)
   torch::Tensor weight;                           // (in, out)
   torch::Tensor bias;                             // (out)
@@ -145,8 +146,10 @@ class GPT2LMHeadModelImpl : public torch::nn::Module,
   ModelOutput forward(const torch::Tensor& input_ids, const torch::Tensor& labels = {},
                       std::optional<int64_t> num_items_in_batch = std::nullopt);
 
-  /// Appends `max_new_tokens` tokens to input_ids (B, T) -> (B, T + max_new_tokens), without
-  /// gradients. Dropout follows the module's mode, as in HF: call eval() first.
+  /// Appends `max_new_tokens` (> 0) tokens to input_ids (B, T) -> (B, T + max_new_tokens),
+  /// without gradients. Dropout follows the module's mode, as in HF (from_pretrained's model is
+  /// in eval mode). Unlike HF's, it does not stop at an end-of-sequence token: every sequence
+  /// gets all max_new_tokens.
   torch::Tensor generate(const torch::Tensor& input_ids, int64_t max_new_tokens,
                          const GenerateOptions& options = {});
 
@@ -189,7 +192,8 @@ class GPT2LMHeadModel : public torch::nn::ModuleHolder<GPT2LMHeadModelImpl> {
   /// Reads `dir/config.json` and `dir/model.safetensors` (or its shards and their index) as
   /// written by HF's `save_pretrained` (keys with or without the `transformer.` prefix). A
   /// missing key, a shape that does not match the config, or an unknown key is an error
-  /// naming the key and the shapes.
+  /// naming the key and the shapes. The weights are fp32 (master weights for mixed precision)
+  /// whatever the file's dtype; the model is in eval mode, as HF's.
   static GPT2LMHeadModel from_pretrained(const std::filesystem::path& dir);
 };
 
