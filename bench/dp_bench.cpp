@@ -67,8 +67,9 @@ int main(int argc, char** argv) {
   std::vector<torch::Tensor> losses;
   auto step = [&](int64_t i) {
     const auto ids = data[i % data.size(0)];
-    if (reducer) reducer->prepare_for_backward();
+    if (reducer) reducer->before_forward();  // as DDP's forward (its buckets rebuilt once)
     auto loss = model->forward(ids, /*labels=*/ids).loss;
+    if (reducer) reducer->after_forward(/*sync_gradients=*/true, {loss});
     loss.backward();
     optimizer.step();
     optimizer.zero_grad();

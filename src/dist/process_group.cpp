@@ -15,6 +15,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <limits>
 #include <mutex>
 
 namespace mixprec::dist {
@@ -197,22 +198,25 @@ GradientReducer::GradientReducer(std::vector<at::Tensor> parameters,
                                        "which would update it before the all-reduce");
   const int64_t cap = options.bucket_cap_mb * 1024 * 1024;
   const std::vector<bool> sparse(parameters.size(), false);
-  // As DDP: a small first bucket starts communication early in backward, and the buckets go in
-  // reverse order of the parameters (backward reaches the last ones first; the reducer starts
-  // them in order), until rebuild_buckets() orders them as the first backward's gradients came.
+  // DDP's buckets (torch 2.13's BucketCapacityConfig): without find_unused_parameters, one
+  // bucket until the first synced backward, after which rebuild_buckets() makes them in the order
+  // the gradients came (a 1 MiB first one, then `cap`); with it, no rebuild, so those sizes from
+  // the start, in reverse order of the parameters (backward reaches the last ones first, and the
+  // reducer starts the buckets in order).
+  const auto first = static_cast<size_t>(c10d::kDefaultFirstBucketBytes);
   auto [buckets, limits] = c10d::compute_bucket_assignment_by_size(
-      parameters, {static_cast<size_t>(c10d::kDefaultFirstBucketBytes), static_cast<size_t>(cap)},
+      parameters,
+      options.find_unused_parameters ? std::vector<size_t>{first, static_cast<size_t>(cap)}
+                                     : std::vector<size_t>{std::numeric_limits<size_t>::max()},
       sparse);
   std::ranges::reverse(buckets);
-  std::ranges::reverse(limits);
   std::unordered_map<size_t, std::string> names;
   for (size_t i = 0; i < parameters.size(); ++i) names[i] = "param" + std::to_string(i);
   impl_->reducer = std::make_unique<c10d::Reducer>(
       std::move(parameters), std::move(buckets), impl_->group->impl_->group, sparse, cap,
       options.find_unused_parameters, /*gradient_as_bucket_view=*/false, std::move(names),
-      static_cast<int64_t>(c10d::kDefaultFirstBucketBytes),
-      /*skip_all_reduce_unused_params=*/false, /*use_python_reducer=*/false,
-      std::vector<int64_t>(limits.begin(), limits.end()));
+      static_cast<int64_t>(first), /*skip_all_reduce_unused_params=*/false,
+      /*use_python_reducer=*/false, /*bucket_bytes_cap_list=*/std::vector<int64_t>{});
   impl_->reducer->register_comm_hook(std::make_unique<CompressedAllReduceHook>(
       impl_->group->impl_->group, wire_dtype(options.compression), impl_->bytes));
 }

@@ -88,7 +88,10 @@ struct GradientReducerOptions {
 /// are bucketed and all-reduced (averaged) as backward produces them,
 /// overlapping the rest of backward. A backward all-reduces only when
 /// `prepare_for_backward()` was called before it; otherwise gradients
-/// accumulate locally (DDP's no_sync).
+/// accumulate locally (DDP's no_sync). Call before_forward() before each
+/// forward, as DDP's forward does: it rebuilds the buckets once in the order
+/// the gradients came, and until then c10d's reducer records that order at
+/// every synced backward.
 ///
 ///   dist::GradientReducer reducer(model->parameters(), group,
 ///                                 {.compression = dist::GradientCompression::kBf16});
