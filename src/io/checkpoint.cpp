@@ -495,19 +495,14 @@ void CheckpointWriter::commit() {
     sums[entry.path().filename().string()] = checksum(entry.path());
   write_file_atomically(tmp_dir_ / "checksums.json", sums.dump(1));
   fsync_dir(tmp_dir_);
-  const std::filesystem::path parent =
-      final_dir_.has_parent_path() ? final_dir_.parent_path() : ".";
-  if (!std::filesystem::exists(final_dir_)) {
-    std::filesystem::rename(tmp_dir_, final_dir_);
-    fsync_dir(parent);
-    committed_ = true;
-    return;
-  }
   // Replacing a folder of the same name: swap the two in one step where the file system can, so
   // that the final name always holds a complete folder (the old one then waits under the
   // temporary name, which remove_unfinished_checkpoints deletes should this process die).
-  std::filesystem::path old;
-  if (::renameat2(AT_FDCWD, tmp_dir_.c_str(), AT_FDCWD, final_dir_.c_str(), RENAME_EXCHANGE) == 0) {
+  std::optional<std::filesystem::path> old;
+  if (!std::filesystem::exists(final_dir_)) {
+    std::filesystem::rename(tmp_dir_, final_dir_);
+  } else if (::renameat2(AT_FDCWD, tmp_dir_.c_str(), AT_FDCWD, final_dir_.c_str(),
+                         RENAME_EXCHANGE) == 0) {
     old = tmp_dir_;
   } else {
     TORCH_CHECK(errno == EINVAL || errno == ENOSYS, "CheckpointWriter: cannot move ",
@@ -515,20 +510,20 @@ void CheckpointWriter::commit() {
     // Else in two renames; a process that dies between them leaves the old folder as *.old-PID
     // beside *.tmp-PID with no final one, which remove_unfinished_checkpoints puts back.
     old = final_dir_.string() + ".old-" + std::to_string(::getpid());
-    std::filesystem::rename(final_dir_, old);
+    std::filesystem::rename(final_dir_, *old);
     try {
       std::filesystem::rename(tmp_dir_, final_dir_);
     } catch (...) {
       std::error_code not_back;
-      std::filesystem::rename(old, final_dir_, not_back);
+      std::filesystem::rename(*old, final_dir_, not_back);
       // Else both stay, as a killed writer leaves them, for the next run to put the old back.
       committed_ = static_cast<bool>(not_back);
       throw;
     }
   }
-  fsync_dir(parent);
+  fsync_dir(final_dir_.has_parent_path() ? final_dir_.parent_path() : ".");
   committed_ = true;
-  remove_old_checkpoint(old);  // saved already: a failure to delete is a warning
+  if (old) remove_old_checkpoint(*old);  // saved already: a failure to delete is a warning
 }
 
 void verify_checkpoint(const std::filesystem::path& dir) {
