@@ -78,6 +78,7 @@ const std::vector<std::pair<std::string, std::vector<std::string>>>& schedules()
       {"constant_with_warmup", {}},
       {"inverse_sqrt", {"timescale"}},
       {"cosine_with_min_lr", {"num_cycles", "min_lr", "min_lr_rate"}},
+      {"cosine_warmup_with_min_lr", {"num_cycles", "min_lr", "min_lr_rate", "warmup_lr_rate"}},
       {"warmup_stable_decay",
        {"num_decay_steps", "num_stable_steps", "warmup_type", "decay_type", "min_lr_ratio",
         "num_cycles"}}};
@@ -93,9 +94,10 @@ const std::vector<std::string>& keywords_of(const std::string& name) {
   return found->second;
 }
 
-// transformers' get_cosine_with_min_lr_schedule_with_warmup asks for exactly one of the two.
+// transformers' get_cosine_with_min_lr_schedule_with_warmup(_lr_rate) asks for exactly one of
+// the two.
 void check_min_lr(const std::string& name, const SchedulerOptions& o) {
-  if (name != "cosine_with_min_lr") return;
+  if (name != "cosine_with_min_lr" && name != "cosine_warmup_with_min_lr") return;
   TORCH_CHECK(!(o.min_lr && o.min_lr_rate), "Only one of min_lr or min_lr_rate should be set");
   TORCH_CHECK(o.min_lr || o.min_lr_rate,
               "One of min_lr or min_lr_rate should be set through the `lr_scheduler_kwargs`");
@@ -168,6 +170,7 @@ void set_scheduler_kwargs(SchedulerOptions& options, const std::string& name,
     if (key == "min_lr") options.min_lr = v;
     if (key == "min_lr_rate") options.min_lr_rate = v;
     if (key == "min_lr_ratio") options.min_lr_ratio = v;
+    if (key == "warmup_lr_rate") options.warmup_lr_rate = v;
     if (key == "timescale") options.timescale = count_of(key, v, 1);
     if (key == "num_decay_steps") options.num_decay_steps = count_of(key, v, 0);
     if (key == "num_stable_steps") options.num_stable_steps = count_of(key, v, 0);
@@ -238,6 +241,23 @@ LRScheduler get_scheduler(const std::string& name, torch::optim::Optimizer& opti
       if (s < w) return warmup(s, w);
       const double factor =
           0.5 * (1.0 + std::cos(std::numbers::pi * cycles * 2.0 * progress(s, w, t)));
+      return std::max(0.0, factor * (1.0 - min_lr_rate) + min_lr_rate);
+    });
+  }
+  if (name == "cosine_warmup_with_min_lr") {
+    // Unlike cosine_with_min_lr, the warmup's first step is above 0 and the wave starts a step
+    // later: each phase counts the step being taken.
+    const double cycles = o.num_cycles.value_or(0.5);
+    const double min_lr_rate =
+        o.min_lr ? *o.min_lr / optimizer.defaults().get_lr() : *o.min_lr_rate;
+    return LRScheduler(optimizer, [w, t, cycles, min_lr_rate, start = o.warmup_lr_rate](int64_t s) {
+      if (s < w) {
+        if (!start) return warmup(s + 1, w);
+        return *start + (1.0 - *start) * static_cast<double>(s) /
+                            static_cast<double>(std::max<int64_t>(1, w - 1));
+      }
+      const double factor =
+          0.5 * (1.0 + std::cos(std::numbers::pi * cycles * 2.0 * progress(s + 1, w, t)));
       return std::max(0.0, factor * (1.0 - min_lr_rate) + min_lr_rate);
     });
   }

@@ -42,7 +42,7 @@ struct TwoGroups {
 
 TEST(LRScheduler, MatchesTransformersGetScheduler) {
   const json cases = reference();
-  ASSERT_EQ(cases.size(), 32u);
+  ASSERT_EQ(cases.size(), 36u);
   for (const auto& c : cases) {
     TwoGroups model;
     SchedulerOptions options{.num_warmup_steps = c["num_warmup_steps"].get<int64_t>(),
@@ -103,7 +103,7 @@ TEST(LRScheduler, BadArgumentsAreClearErrors) {
                             {.num_warmup_steps = 5, .num_training_steps = 5});
             }).find("polynomial: num_training_steps (5) equals num_warmup_steps (5)"),
             std::string::npos);
-  // cosine_with_min_lr: exactly one of min_lr and min_lr_rate, as transformers'.
+  // cosine_with_min_lr and its twin: exactly one of min_lr and min_lr_rate, as transformers'.
   EXPECT_EQ(mixprec::testing::error_of(
                 [&] { get_scheduler("cosine_with_min_lr", model.sgd, {.num_training_steps = 5}); }),
             "One of min_lr or min_lr_rate should be set through the `lr_scheduler_kwargs`");
@@ -112,6 +112,10 @@ TEST(LRScheduler, BadArgumentsAreClearErrors) {
                             {.num_training_steps = 5, .min_lr = 1e-3, .min_lr_rate = 0.1});
             }),
             "Only one of min_lr or min_lr_rate should be set");
+  EXPECT_EQ(mixprec::testing::error_of([&] {
+              get_scheduler("cosine_warmup_with_min_lr", model.sgd, {.num_training_steps = 5});
+            }),
+            "One of min_lr or min_lr_rate should be set through the `lr_scheduler_kwargs`");
   // warmup_stable_decay: num_decay_steps is required, and a length for the stable phase.
   EXPECT_EQ(mixprec::testing::error_of([&] {
               get_scheduler("warmup_stable_decay", model.sgd, {.num_training_steps = 5});

@@ -16,11 +16,15 @@ STEPS = 40  # past num_training_steps, to cover what comes after the schedule en
 CASES = [
     {"name": name, "num_warmup_steps": warmup, "num_training_steps": 30, "kwargs": kwargs}
     for name in ["linear", "cosine", "cosine_with_restarts", "polynomial", "constant",
-                 "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr"]
+                 "constant_with_warmup", "inverse_sqrt", "cosine_with_min_lr",
+                 "cosine_warmup_with_min_lr"]
     for warmup in (0, 5)
     for kwargs in (
-        # cosine_with_min_lr needs one of min_lr (over the optimizer's default lr) or min_lr_rate.
+        # cosine_with_min_lr needs one of min_lr (over the optimizer's default lr) or min_lr_rate,
         [{"min_lr": 1e-3}, {"min_lr_rate": 0.1, "num_cycles": 1.0}] if name == "cosine_with_min_lr"
+        # ... and its twin whose warmup starts above 0, from warmup_lr_rate when given.
+        else [{"min_lr": 1e-3}, {"min_lr_rate": 0.1, "warmup_lr_rate": 0.2, "num_cycles": 1.0}]
+        if name == "cosine_warmup_with_min_lr"
         else [{}] + ([{"num_cycles": 3}] if name == "cosine_with_restarts" else [])
         + ([{"lr_end": 1e-4, "power": 2.0}] if name == "polynomial" else [])
         + ([{"timescale": 7}] if name == "inverse_sqrt" else []))

@@ -58,17 +58,22 @@ class LRScheduler {
 struct SchedulerOptions {
   int64_t num_warmup_steps = 0;
   std::optional<int64_t> num_training_steps = std::nullopt;
-  /// cosine, cosine_with_min_lr, warmup_stable_decay: 0.5 (half a wave); cosine_with_restarts:
+  /// cosine, cosine_with_min_lr, cosine_warmup_with_min_lr, warmup_stable_decay: 0.5 (half a
+  /// wave); cosine_with_restarts:
   /// 1 when unset.
   std::optional<double> num_cycles = std::nullopt;
   double lr_end = 1e-7;  // polynomial
   double power = 1.0;    // polynomial
   /// inverse_sqrt: num_warmup_steps, or 10000 without warmup, when unset.
   std::optional<int64_t> timescale = std::nullopt;
-  /// cosine_with_min_lr: the lr it ends at, or that as a ratio of the optimizer's default lr;
+  /// cosine_with_min_lr, cosine_warmup_with_min_lr: the lr it ends at, or that as a ratio of the
+  /// optimizer's default lr;
   /// one of the two is required.
   std::optional<double> min_lr = std::nullopt;
   std::optional<double> min_lr_rate = std::nullopt;
+  /// cosine_warmup_with_min_lr: the warmup's first lr as a ratio of the initial lr; unset, the
+  /// warmup goes 1/num_warmup_steps, 2/num_warmup_steps, ... 1.
+  std::optional<double> warmup_lr_rate = std::nullopt;
   /// warmup_stable_decay (transformers' get_wsd_schedule): the decay's length is required; the
   /// stable phase fills what warmup and decay leave of num_training_steps when unset. Warmup and
   /// decay go between min_lr_ratio and 1 along "linear", "cosine" or "1-sqrt".
@@ -81,7 +86,7 @@ struct SchedulerOptions {
 
 /// The scheduler types of `transformers.get_scheduler`: "linear", "cosine",
 /// "cosine_with_restarts", "polynomial", "constant", "constant_with_warmup",
-/// "inverse_sqrt", "cosine_with_min_lr", "warmup_stable_decay".
+/// "inverse_sqrt", "cosine_with_min_lr", "cosine_warmup_with_min_lr", "warmup_stable_decay".
 const std::vector<std::string>& scheduler_types();
 
 /// Sets the options named in `kwargs` (HF's `scheduler_specific_kwargs`, TrainingArguments'
