@@ -2,6 +2,7 @@
 
 #include <ATen/ATen.h>
 #include <ATen/ExpandUtils.h>
+#include <ATen/autocast_mode.h>
 #include <ATen/native/CPUBlas.h>
 #include <ATen/record_function.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
@@ -293,6 +294,13 @@ AttentionKernel choose_attention_kernel(const at::Tensor& query, const at::Tenso
 at::Tensor scaled_dot_product_attention(const at::Tensor& query, const at::Tensor& key,
                                         const at::Tensor& value, double dropout_p, bool is_causal,
                                         AttentionKernel kernel) {
+  // As PyTorch's: mixed dtypes are an error, except under autocast, which casts them alike.
+  TORCH_CHECK(
+      (query.scalar_type() == key.scalar_type() && query.scalar_type() == value.scalar_type()) ||
+          at::autocast::is_autocast_enabled(query.device().type()),
+      "Expected query, key, and value to have the same dtype, but got query.dtype: ",
+      query.scalar_type(), " key.dtype: ", key.scalar_type(),
+      " and value.dtype: ", value.scalar_type(), " instead.");
   if (kernel == AttentionKernel::kAuto)
     kernel = choose_attention_kernel(query, key, value, dropout_p);
   TORCH_CHECK(kernel != AttentionKernel::kMatmul || matmul_supported(query, key, dropout_p),

@@ -78,14 +78,17 @@ struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
     // The divisor, a tensor: counting the valid rows needs no host sync.
     auto count = num_items ? at::scalar_tensor(*num_items, targets.options()) : valid.sum();
     ctx->save_for_backward({log_probs, safe, valid, count});
-    return nll.mul_(valid).sum().div_(count);
+    // masked_fill, not a multiply: an ignored row's nll may be inf (-inf in its class 0).
+    return nll.masked_fill_(valid.logical_not(), 0).sum().div_(count);
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto saved = ctx->get_saved_variables();
     const auto& log_probs = saved[0];
     // d loss / d logits = (softmax - one_hot(target)) * grad / divisor on the rows that count.
-    auto scale = saved[2].to(log_probs.scalar_type()).mul_(grad_outputs[0] / saved[3]).unsqueeze(1);
+    // where, not a multiply: with every row ignored, grad / 0 is inf, and PyTorch's gradient 0.
+    auto scale =
+        at::where(saved[2], grad_outputs[0] / saved[3], 0).to(log_probs.scalar_type()).unsqueeze(1);
     auto grad = log_probs.exp().mul_(scale);
     grad.scatter_add_(1, saved[1], scale.neg());
     return {grad, at::Tensor(), at::Tensor(), at::Tensor()};

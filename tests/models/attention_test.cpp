@@ -449,6 +449,22 @@ TEST(Attention, MatmulKernelRejectsWhatItCannotRun) {
             AttentionKernel::kMatmul);
 }
 
+// Mixed dtypes: an error whatever kernel would run (as LibTorch's), except under autocast,
+// which casts them alike.
+TEST(Attention, MixedDtypesAreAnErrorOutsideAutocast) {
+  for (int64_t T : {3, 300}) {
+    auto in = qkv(T, torch::kFloat);
+    const auto q = in[0].to(torch::kBFloat16);
+    EXPECT_EQ(mixprec::testing::error_of(
+                  [&] { scaled_dot_product_attention(q, in[1], in[2], 0.0, true); }),
+              "Expected query, key, and value to have the same dtype, but got query.dtype: "
+              "BFloat16 key.dtype: Float and value.dtype: Float instead.")
+        << T;
+    mixprec::amp::Autocast autocast(torch::kCPU, torch::kBFloat16);
+    EXPECT_EQ(scaled_dot_product_attention(q, in[1], in[2], 0.0, true).sizes(), q.sizes());
+  }
+}
+
 // Keys and values shared across the batch (broadcast, as SDPA allows): the matmul kernel runs
 // them on LibTorch's GEMMs, which broadcast (the brgemm kernels index the three alike), and
 // autograd sums the shared inputs' gradients: the same as LibTorch's SDPA, in fp32 and bf16.

@@ -187,9 +187,25 @@ TEST(CrossEntropy, AnotherIgnoreIndexAndAllIgnored) {
       logits, targets, torch::nn::functional::CrossEntropyFuncOptions().ignore_index(3));
   EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-12);
   EXPECT_EQ(grad[0].abs().max().item<double>(), 0.0);
-  EXPECT_TRUE(
-      std::isnan(cross_entropy(logits, torch::full({4}, -100, torch::kLong)).item<double>()));
-  EXPECT_TRUE(std::isnan(libtorch(logits, torch::full({4}, -100, torch::kLong)).item<double>()));
+  // Every row ignored: a NaN loss and a zero gradient, as PyTorch's, on LibTorch's ops (fp64)
+  // and the fused kernel (fp32).
+  const auto ignored = torch::full({4}, -100, torch::kLong);
+  EXPECT_TRUE(std::isnan(libtorch(logits, ignored).item<double>()));
+  for (const auto& x : {logits, logits.to(torch::kFloat)}) {
+    auto [all_ignored, zero] = loss_and_grad(
+        [](const torch::Tensor& x, const torch::Tensor& t) { return cross_entropy(x, t); }, x,
+        ignored);
+    EXPECT_TRUE(std::isnan(all_ignored.item<double>())) << x.scalar_type();
+    EXPECT_EQ(zero.abs().max().item<double>(), 0.0) << x.scalar_type();
+  }
+  // An ignored row may hold -inf (a masked vocabulary): it adds nothing, not inf * 0.
+  auto masked = logits.clone();
+  masked[1][0] = -INFINITY;
+  const auto some_ignored = torch::tensor({2, -100, 4, 5}, torch::kLong);
+  for (const auto& x : {masked, masked.to(torch::kFloat)})
+    EXPECT_NEAR(cross_entropy(x, some_ignored).item<double>(),
+                libtorch(masked, some_ignored).item<double>(), 1e-6)
+        << x.scalar_type();
 }
 
 TEST(CrossEntropy, BadInputIsAClearError) {

@@ -162,34 +162,38 @@ TEST(LayerNorm, MatchesLibTorchsLayerNormAndCast) {
 
 // On LibTorch's threads (rows enough for several chunks): the same fp64 checks, and the same
 // bits on one thread and on two (each chunk of rows sums its weight and bias gradients apart,
-// then the chunks add in order). Double backward is refused, not silently wrong.
+// then the chunks add in order). A wide row (4096) runs the 64 chunks that bound the buffer, the
+// last one short. Double backward is refused, not silently wrong.
 TEST(LayerNorm, ParallelRowsMatchFp64AndOneThreadsBits) {
   torch::manual_seed(3);
-  const int64_t rows = 4099, C = 130;
-  const auto x = inputs(rows, C), w = 1 + torch::randn({C}), b = torch::randn({C});
-  const auto dy = torch::randn({rows, C}).to(torch::kBFloat16);
-  const auto ref = reference(x, w, b, dy);
-  const int threads = at::get_num_threads();
-  std::vector<std::vector<torch::Tensor>> results;
-  for (int n : {1, 2}) {
-    at::set_num_threads(n);
-    auto xg = x.clone().requires_grad_(), wg = w.clone().requires_grad_(),
-         bg = b.clone().requires_grad_();
-    auto y = layer_norm(xg, wg, bg, kEps, torch::kBFloat16);
-    y.backward(dy);
-    results.push_back({y, xg.grad(), wg.grad(), bg.grad()});
-  }
-  at::set_num_threads(threads);
-  const auto& r = results[1];
-  expect_output_close(r[0], ref.y, x, w, b, "forward");
-  expect_close(r[1], ref.dx, 1e-4, "dx");
-  expect_close(r[2], ref.dweight, 1e-4, "dweight");
-  expect_close(r[3], ref.dbias, 1e-5, "dbias");
-  if (fused_runs()) {  // (LibTorch's own sums per thread)
-    for (size_t i = 0; i < r.size(); ++i) EXPECT_TRUE(torch::equal(results[0][i], r[i])) << i;
+  for (const auto& [rows, C] : {std::pair<int64_t, int64_t>{4099, 130}, {1030, 4096}}) {
+    SCOPED_TRACE(C);
+    const auto x = inputs(rows, C), w = 1 + torch::randn({C}), b = torch::randn({C});
+    const auto dy = torch::randn({rows, C}).to(torch::kBFloat16);
+    const auto ref = reference(x, w, b, dy);
+    const int threads = at::get_num_threads();
+    std::vector<std::vector<torch::Tensor>> results;
+    for (int n : {1, 2}) {
+      at::set_num_threads(n);
+      auto xg = x.clone().requires_grad_(), wg = w.clone().requires_grad_(),
+           bg = b.clone().requires_grad_();
+      auto y = layer_norm(xg, wg, bg, kEps, torch::kBFloat16);
+      y.backward(dy);
+      results.push_back({y, xg.grad(), wg.grad(), bg.grad()});
+    }
+    at::set_num_threads(threads);
+    const auto& r = results[1];
+    expect_output_close(r[0], ref.y, x, w, b, "forward");
+    expect_close(r[1], ref.dx, 1e-4, "dx");
+    expect_close(r[2], ref.dweight, 1e-4, "dweight");
+    expect_close(r[3], ref.dbias, 1e-5, "dbias");
+    if (fused_runs()) {  // (LibTorch's own sums per thread)
+      for (size_t i = 0; i < r.size(); ++i) EXPECT_TRUE(torch::equal(results[0][i], r[i])) << i;
+    }
   }
 
-  auto xg = x.narrow(0, 0, 4).clone().requires_grad_();
+  const auto x = inputs(4, 130), w = 1 + torch::randn({130}), b = torch::randn({130});
+  auto xg = x.clone().requires_grad_();
   const auto y = layer_norm(xg, w, b, kEps, torch::kBFloat16);
   const auto grads = [&] {
     return torch::autograd::grad({y}, {xg}, {torch::ones_like(y)}, /*retain_graph=*/true,

@@ -29,7 +29,8 @@ namespace mixprec::models {
 /// meanwhile would see them.
 ///
 /// ```
-/// x = activation_checkpoint([&](const at::Tensor& h) { return block->forward(h); }, x,
+/// // By value: the function is kept until the backward.
+/// x = activation_checkpoint([block](const at::Tensor& h) { return block->forward(h); }, x,
 ///                           block->parameters());
 /// ```
 at::Tensor activation_checkpoint(std::function<at::Tensor(const at::Tensor&)> function,

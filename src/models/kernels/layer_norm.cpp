@@ -112,7 +112,10 @@ void layer_norm_backward(const at::Tensor& dy, const at::Tensor& x, const at::Te
   const float* means = mean.const_data_ptr<float>();
   const float* rstds = rstd.const_data_ptr<float>();
   float* dxs = dx.data_ptr<float>();
-  const int64_t rows_per_chunk = grain(C), chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
+  // At most 64 chunks, a number fixed apart from the threads: else the buffer, one (dweight,
+  // dbias) per chunk of 16384 / C rows, would grow as R C^2 (twice x at C = 16384).
+  const int64_t rows_per_chunk = std::max(grain(C), (R + 63) / 64);
+  const int64_t chunks = (R + rows_per_chunk - 1) / rows_per_chunk;
   std::vector<float> partial(static_cast<size_t>(chunks) * 2 * C, 0.0f);  // (dweight, dbias)
   mixprec::kernels::dispatch_float_types(dy.scalar_type(), "layer_norm backward", [&](auto zero) {
     using T = decltype(zero);
