@@ -489,11 +489,39 @@ void CheckpointWriter::write_tensors(const std::string& name, const TensorMap& t
   save_safetensors(tmp_dir_ / name, tensors);
 }
 
+namespace {
+
+// What `from` holds that `to` does not, linked (or copied where links cannot be made) into `to`.
+// Links, not copies: a file still being written (a tracker's log) keeps all its data.
+void carry_over(const std::filesystem::path& from, const std::filesystem::path& to) {
+  namespace fs = std::filesystem;
+  for (const auto& entry : fs::directory_iterator(from)) {
+    const fs::path target = to / entry.path().filename();
+    if (fs::exists(fs::symlink_status(target))) continue;  // this save writes its own
+    const auto how = fs::copy_options::recursive | fs::copy_options::copy_symlinks;
+    std::error_code error;
+    fs::copy(entry.path(), target, how | fs::copy_options::create_hard_links, error);
+    if (error) {
+      fs::remove_all(target, error);
+      error.clear();
+      fs::copy(entry.path(), target, how, error);
+    }
+    TORCH_CHECK(!error, "CheckpointWriter: cannot keep ", entry.path().string(),
+                " (not part of the checkpoint) in the new folder: ", error.message(),
+                "; the old folder is left as it was");
+  }
+}
+
+}  // namespace
+
 void CheckpointWriter::commit() {
   json sums = json::object();
   for (const auto& entry : std::filesystem::directory_iterator(tmp_dir_))
     sums[entry.path().filename().string()] = checksum(entry.path());
   write_file_atomically(tmp_dir_ / "checksums.json", sums.dump(1));
+  // As Accelerate's save_state, which writes its files into the folder: what else the folder
+  // held (a config, logs) stays.
+  if (std::filesystem::exists(final_dir_)) carry_over(final_dir_, tmp_dir_);
   fsync_dir(tmp_dir_);
   // Replacing a folder of the same name: swap the two in one step where the file system can, so
   // that the final name always holds a complete folder (the old one then waits under the

@@ -204,6 +204,39 @@ TEST(CheckpointWriter, ReplacesAtomicallyAndCleansUp) {
   fs::remove_all(root);
 }
 
+// As Accelerate's save_state (which writes its files into the folder): what else the folder
+// holds stays, a subfolder and a symlink included, and a file still open for writing (a
+// tracker's log) keeps what is appended after the save. The checkpoint's own files are
+// replaced, and only they are in its checksums.
+TEST(CheckpointWriter, KeepsWhatTheFolderHoldsBesideTheCheckpoint) {
+  const auto root = fs::temp_directory_path() / ("mixprec_ckpt_keep_" + std::to_string(getpid()));
+  fs::remove_all(root);
+  const auto dir = root / "state";
+  fs::create_directories(dir / "runs");
+  std::ofstream(dir / "config.json") << "{}";
+  std::ofstream log(dir / "runs" / "events", std::ios::binary);
+  log << "before" << std::flush;
+  fs::create_symlink("config.json", dir / "link");
+  for (const char* text : {"first", "second"}) {
+    mixprec::io::CheckpointWriter writer(dir);
+    writer.write_text("note.txt", text);
+    writer.write_text("config.json", "{\"new\": 1}");
+    writer.commit();
+  }
+  log << " after" << std::flush;
+  EXPECT_EQ(mixprec::io::read_file(dir / "note.txt"), "second");
+  EXPECT_EQ(mixprec::io::read_file(dir / "config.json"), "{\"new\": 1}");
+  EXPECT_EQ(mixprec::io::read_file(dir / "runs" / "events"), "before after");
+  EXPECT_EQ(fs::read_symlink(dir / "link"), "config.json");
+  mixprec::io::verify_checkpoint(dir);
+  const auto sums = nlohmann::json::parse(mixprec::io::read_file(dir / "checksums.json"));
+  EXPECT_EQ(sums.size(), 2u) << sums.dump();  // note.txt, config.json
+  std::vector<std::string> names;
+  for (const auto& entry : fs::directory_iterator(root)) names.push_back(entry.path().filename());
+  EXPECT_EQ(names, std::vector<std::string>{"state"});
+  fs::remove_all(root);
+}
+
 // A writer that replaces a folder without the file system's atomic swap moves the old one aside
 // first: killed between its two renames, it leaves no final folder, and the next run's cleanup
 // puts the old one back rather than deleting both. An old folder a writer could not delete

@@ -71,7 +71,9 @@ class CheckpointWriter {
   void write_text(const std::string& name, const std::string& text);
   void write_tensors(const std::string& name, const TensorMap& tensors);
   /// Records a checksum of every file (checksums.json), syncs, and moves the
-  /// folder into place, replacing an older one of the same name.
+  /// folder into place, replacing an older one of the same name. What the
+  /// older one holds that this one does not write stays, as Accelerate's
+  /// save_state leaves it (hard links where the file system has them).
   void commit();
 
  private:
