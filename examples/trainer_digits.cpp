@@ -4,7 +4,8 @@
 //
 //   build/examples/trainer_digits                       # fp16, 5 epochs, into results/
 //   build/examples/trainer_digits --bf16 --num_train_epochs 3 --report_to tensorboard jsonl
-//   build/examples/trainer_digits --help                # every argument and its default
+//   build/examples/trainer_digits --config args.yaml    # the file instead of these defaults
+//   build/examples/trainer_digits --help                # every argument, this example's values
 #include <mixprec/data/dataset.h>
 #include <mixprec/models/mlp_classifier.h>
 #include <mixprec/train/trainer.h>
@@ -13,6 +14,7 @@
 
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <iostream>
 
@@ -26,36 +28,43 @@ mixprec::data::DatasetPtr as_dataset(const digits::Dataset& d) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  std::vector<std::string> flags(argv + 1, argv + argc);
+  const std::vector<std::string> flags(argv + 1, argv + argc);
+  // This example's values; the command line overrides them, and a --config file replaces them
+  // (HF's defaults fill what it leaves out).
+  std::vector<std::string> defaults = {"--output_dir",
+                                       "results",
+                                       "--eval_strategy",
+                                       "epoch",
+                                       "--save_strategy",
+                                       "epoch",
+                                       "--logging_strategy",
+                                       "epoch",
+                                       "--num_train_epochs",
+                                       "5",
+                                       "--per_device_train_batch_size",
+                                       "32",
+                                       "--learning_rate",
+                                       "3e-3",
+                                       "--save_total_limit",
+                                       "2",
+                                       "--load_best_model_at_end",
+                                       "--metric_for_best_model",
+                                       "accuracy",
+                                       "--overwrite_output_dir",
+                                       "--use_cpu"};
+  // fp16 unless bf16 is asked for: both would be an error.
+  const bool bf16 = std::any_of(flags.begin(), flags.end(),
+                                [](const std::string& f) { return f.starts_with("--bf16"); });
+  if (!bf16) defaults.push_back("--fp16");
   if (std::find(flags.begin(), flags.end(), "--help") != flags.end()) {
-    std::cout << "usage: trainer_digits [--config FILE] [--name value ...]\n\n"
+    std::cout << "usage: trainer_digits [--config FILE] [--name value ...]\n\nThis example runs "
+                 "with: "
+              << c10::Join(" ", defaults) << "\n\n"
               << mixprec::TrainingArguments::help();
     return 0;
   }
   try {
-    // This example's defaults; the command line overrides them.
-    std::vector<std::string> defaults = {"--output_dir",
-                                         "results",
-                                         "--fp16",
-                                         "--eval_strategy",
-                                         "epoch",
-                                         "--save_strategy",
-                                         "epoch",
-                                         "--logging_strategy",
-                                         "epoch",
-                                         "--num_train_epochs",
-                                         "5",
-                                         "--per_device_train_batch_size",
-                                         "32",
-                                         "--learning_rate",
-                                         "3e-3",
-                                         "--save_total_limit",
-                                         "2",
-                                         "--load_best_model_at_end",
-                                         "--metric_for_best_model",
-                                         "accuracy",
-                                         "--overwrite_output_dir",
-                                         "--use_cpu"};
+    if (!flags.empty() && flags[0] == "--config") defaults.clear();
     defaults.insert(defaults.end(), flags.begin(), flags.end());
     auto args = mixprec::TrainingArguments::parse_args(defaults);
 

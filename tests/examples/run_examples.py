@@ -108,6 +108,21 @@ def trainer_digits(examples, work):
           f"trainer_digits: trainer_state names {state['best_model_checkpoint']}")
     checkpoints = sorted(p.name for p in (work / "results").glob("checkpoint-*"))
     check(len(checkpoints) <= 2, f"trainer_digits: save_total_limit 2, found {checkpoints}")
+    # The header's other commands: --bf16 in place of the example's fp16, and a --config file in
+    # place of its values (the file's output_dir and epochs, not results/ and 5).
+    run([examples / "trainer_digits", "--bf16", "--num_train_epochs", "1", "--output_dir",
+         "results_bf16", "--report_to", "jsonl"], work)
+    state = json.loads(next((work / "results_bf16").glob("checkpoint-*/trainer_state.json"))
+                       .read_text())
+    check(state["epoch"] == 1.0, f"trainer_digits --bf16: epoch {state['epoch']}")
+    (work / "args.yaml").write_text(
+        "output_dir: from_config\nnum_train_epochs: 1\neval_strategy: epoch\n"
+        "save_strategy: epoch\nload_best_model_at_end: true\nmetric_for_best_model: accuracy\n")
+    out = run([examples / "trainer_digits", "--config", "args.yaml", "--num_train_epochs", "2"],
+              work)
+    check(len(re.findall(r"^epoch \d+ ", out, re.M)) == 2,
+          "trainer_digits --config: not 2 evaluations (the flag over the file's 1 epoch)")
+    check((work / "from_config").is_dir(), "trainer_digits --config: no from_config/")
 
 
 def main():
