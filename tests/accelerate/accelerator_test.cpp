@@ -61,6 +61,29 @@ TEST(Accelerator, PreparedModelRunsUnderAutocastAndReturnsFp32) {
   }
 }
 
+// As Accelerate's convert_outputs_to_fp32 (recursive_apply): through nested containers; what
+// is not a 16-bit tensor passes as it is.
+TEST(Accelerator, PreparedModelConvertsNestedOutputs) {
+  Accelerator accelerator({.mixed_precision = "bf16"});
+  Probe probe;
+  auto model = accelerator.prepare(probe);
+  const auto x = torch::randn({2, 4});
+  auto out = model.run([&] {
+    const auto y = probe->forward(x);
+    return std::pair{
+        std::map<std::string, std::vector<at::Tensor>>{{"y", {y, y.to(at::kHalf)}}},
+        std::optional<std::tuple<at::Tensor, int, at::Tensor>>{{y, 7, torch::tensor({1, 2})}}};
+  });
+  EXPECT_EQ(probe->seen, at::kBFloat16);
+  for (const auto& t : out.first.at("y")) EXPECT_EQ(t.scalar_type(), at::kFloat);
+  EXPECT_EQ(std::get<0>(*out.second).scalar_type(), at::kFloat);
+  EXPECT_EQ(std::get<1>(*out.second), 7);
+  EXPECT_EQ(std::get<2>(*out.second).scalar_type(), at::kLong);
+  std::vector<at::Tensor> found;
+  mixprec::accelerate::detail::collect_tensors(out, found);
+  EXPECT_EQ(found.size(), 4u);  // the two in the map, the two in the tuple
+}
+
 // GPT-2 through the prepared model: its outputs are the fp32 cast of what the model returns
 // under autocast (logits in autocast's dtype, as HF's), values unchanged.
 TEST(Accelerator, PreparedModelGivesFp32Outputs) {

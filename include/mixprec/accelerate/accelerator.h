@@ -27,6 +27,7 @@
 #include <sstream>
 #include <string>
 #include <tuple>
+#include <unordered_map>
 #include <utility>
 #include <vector>
 
@@ -208,6 +209,26 @@ struct Shared {
   void unscale(torch::optim::Optimizer& optimizer, OptimizerFlags& flags);
 };
 
+// Accelerate's convert_outputs_to_fp32 (recursive_apply): through tuples, pairs, vectors,
+// optionals and maps' values; anything else passes unchanged. Declared first, so that each
+// finds the others whatever the nesting.
+inline at::Tensor to_fp32(at::Tensor t);
+inline models::ModelOutput to_fp32(models::ModelOutput out);
+template <typename T>
+T to_fp32(T other);
+template <typename A, typename B>
+std::pair<A, B> to_fp32(std::pair<A, B> p);
+template <typename... Ts>
+std::tuple<Ts...> to_fp32(std::tuple<Ts...> ts);
+template <typename T, typename... R>
+std::vector<T, R...> to_fp32(std::vector<T, R...> ts);
+template <typename T>
+std::optional<T> to_fp32(std::optional<T> t);
+template <typename K, typename V, typename... R>
+std::map<K, V, R...> to_fp32(std::map<K, V, R...> m);
+template <typename K, typename V, typename... R>
+std::unordered_map<K, V, R...> to_fp32(std::unordered_map<K, V, R...> m);
+
 inline at::Tensor to_fp32(at::Tensor t) {
   if (t.defined() && (t.scalar_type() == at::kHalf || t.scalar_type() == at::kBFloat16))
     return t.to(at::kFloat);
@@ -216,21 +237,59 @@ inline at::Tensor to_fp32(at::Tensor t) {
 inline models::ModelOutput to_fp32(models::ModelOutput out) {
   return {to_fp32(std::move(out.loss)), to_fp32(std::move(out.logits))};
 }
-inline std::vector<at::Tensor> to_fp32(std::vector<at::Tensor> ts) {
-  for (auto& t : ts) t = to_fp32(std::move(t));
-  return ts;
+template <typename T>
+T to_fp32(T other) {
+  return other;
+}
+template <typename A, typename B>
+std::pair<A, B> to_fp32(std::pair<A, B> p) {
+  return {to_fp32(std::move(p.first)), to_fp32(std::move(p.second))};
 }
 template <typename... Ts>
 std::tuple<Ts...> to_fp32(std::tuple<Ts...> ts) {
   return std::apply([](auto&&... t) { return std::tuple<Ts...>(to_fp32(std::move(t))...); },
                     std::move(ts));
 }
+template <typename T, typename... R>
+std::vector<T, R...> to_fp32(std::vector<T, R...> ts) {
+  for (auto& t : ts) t = to_fp32(std::move(t));
+  return ts;
+}
 template <typename T>
-T to_fp32(T other) {  // anything else passes unchanged
-  return other;
+std::optional<T> to_fp32(std::optional<T> t) {
+  if (t) t = to_fp32(std::move(*t));
+  return t;
+}
+template <typename K, typename V, typename... R>
+std::map<K, V, R...> to_fp32(std::map<K, V, R...> m) {
+  for (auto& [key, value] : m) value = to_fp32(std::move(value));
+  return m;
+}
+template <typename K, typename V, typename... R>
+std::unordered_map<K, V, R...> to_fp32(std::unordered_map<K, V, R...> m) {
+  for (auto& [key, value] : m) value = to_fp32(std::move(value));
+  return m;
 }
 
-// The tensors of a forward's outputs, which DDP's find_unused_parameters searches from.
+// The tensors of a forward's outputs, which DDP's find_unused_parameters searches from: through
+// the same containers.
+inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out);
+inline void collect_tensors(const models::ModelOutput& o, std::vector<at::Tensor>& out);
+template <typename T>
+void collect_tensors(const T&, std::vector<at::Tensor>&);
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out);
+template <typename... Ts>
+void collect_tensors(const std::tuple<Ts...>& ts, std::vector<at::Tensor>& out);
+template <typename T, typename... R>
+void collect_tensors(const std::vector<T, R...>& ts, std::vector<at::Tensor>& out);
+template <typename T>
+void collect_tensors(const std::optional<T>& t, std::vector<at::Tensor>& out);
+template <typename K, typename V, typename... R>
+void collect_tensors(const std::map<K, V, R...>& m, std::vector<at::Tensor>& out);
+template <typename K, typename V, typename... R>
+void collect_tensors(const std::unordered_map<K, V, R...>& m, std::vector<at::Tensor>& out);
+
 inline void collect_tensors(const at::Tensor& t, std::vector<at::Tensor>& out) {
   if (t.defined()) out.push_back(t);
 }
@@ -238,15 +297,33 @@ inline void collect_tensors(const models::ModelOutput& o, std::vector<at::Tensor
   collect_tensors(o.loss, out);
   collect_tensors(o.logits, out);
 }
-inline void collect_tensors(const std::vector<at::Tensor>& ts, std::vector<at::Tensor>& out) {
-  for (const auto& t : ts) collect_tensors(t, out);
+template <typename T>
+void collect_tensors(const T&, std::vector<at::Tensor>&) {}  // holds none we know of
+template <typename A, typename B>
+void collect_tensors(const std::pair<A, B>& p, std::vector<at::Tensor>& out) {
+  collect_tensors(p.first, out);
+  collect_tensors(p.second, out);
 }
 template <typename... Ts>
 void collect_tensors(const std::tuple<Ts...>& ts, std::vector<at::Tensor>& out) {
   std::apply([&](const auto&... t) { (collect_tensors(t, out), ...); }, ts);
 }
+template <typename T, typename... R>
+void collect_tensors(const std::vector<T, R...>& ts, std::vector<at::Tensor>& out) {
+  for (const auto& t : ts) collect_tensors(t, out);
+}
 template <typename T>
-void collect_tensors(const T&, std::vector<at::Tensor>&) {}  // holds none we know of
+void collect_tensors(const std::optional<T>& t, std::vector<at::Tensor>& out) {
+  if (t) collect_tensors(*t, out);
+}
+template <typename K, typename V, typename... R>
+void collect_tensors(const std::map<K, V, R...>& m, std::vector<at::Tensor>& out) {
+  for (const auto& [key, value] : m) collect_tensors(value, out);
+}
+template <typename K, typename V, typename... R>
+void collect_tensors(const std::unordered_map<K, V, R...>& m, std::vector<at::Tensor>& out) {
+  for (const auto& [key, value] : m) collect_tensors(value, out);
+}
 
 }  // namespace detail
 
@@ -259,7 +336,12 @@ concept ModuleHandle = requires(M m) {
 
 /// A model prepared by an Accelerator: calling it runs `forward` under the
 /// accelerator's autocast and returns the outputs in fp32 (Accelerate's
-/// `convert_outputs_to_fp32`); `->` reaches the module itself. In data
+/// `convert_outputs_to_fp32`, through tuples, pairs, vectors, optionals and
+/// maps); `->` reaches the module itself. Unlike Accelerate, which patches the
+/// module's own `forward`, only calls through this wrapper (or `run`) get
+/// them: C++ cannot patch a method, so the module called directly
+/// (`model->forward`, `unwrap_model(model)`) runs as it would unprepared
+/// (under `accelerator.autocast()` for the mixed precision). In data
 /// parallel, a forward with gradients on a sync step arms the gradient
 /// all-reduce of the backward that follows, as DDP's forward does.
 template <ModuleHandle M>
