@@ -44,6 +44,18 @@ double optional_number(const json& j, const char* key, double fallback,
   return v.get<double>();
 }
 
+// A token id: an integer >= 0, or null for none.
+std::optional<int64_t> optional_token(const json& j, const char* key,
+                                      std::optional<int64_t> fallback,
+                                      const std::filesystem::path& path) {
+  if (!j.contains(key)) return fallback;
+  const auto& v = j[key];
+  if (v.is_null()) return std::nullopt;
+  TORCH_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, in_file(path), "key '", key, "' is ",
+              v.dump(), ", expected a token id (an integer >= 0) or null");
+  return v.get<int64_t>();
+}
+
 // An HF option this model does not implement must hold its default value (or be absent).
 void expect_default(const json& j, const char* key, const json& value,
                     const std::filesystem::path& path) {
@@ -100,6 +112,8 @@ GPT2Config GPT2Config::from_json_file(const std::filesystem::path& path) {
     c.activation_function = j["activation_function"].get<std::string>();
   }
   c.initializer_range = optional_number(j, "initializer_range", c.initializer_range, path);
+  c.eos_token_id = optional_token(j, "eos_token_id", c.eos_token_id, path);
+  c.pad_token_id = optional_token(j, "pad_token_id", c.pad_token_id, path);
   expect_default(j, "tie_word_embeddings", true, path);
   expect_default(j, "scale_attn_weights", true, path);
   expect_default(j, "scale_attn_by_inverse_layer_idx", false, path);
@@ -132,6 +146,8 @@ void GPT2Config::save_json_file(const std::filesystem::path& path) const {
       {"n_layer", n_layer},
       {"n_positions", n_positions},
       {"vocab_size", vocab_size},
+      {"eos_token_id", eos_token_id ? json(*eos_token_id) : json(nullptr)},
+      {"pad_token_id", pad_token_id ? json(*pad_token_id) : json(nullptr)},
       {"scale_attn_weights", true},
       {"scale_attn_by_inverse_layer_idx", false},
       {"reorder_and_upcast_attn", false},
@@ -344,10 +360,19 @@ torch::Tensor GPT2LMHeadModelImpl::generate(const torch::Tensor& input_ids, int6
                 ", expected > 0");
     TORCH_CHECK(options.top_k >= 0, "generate: top_k is ", options.top_k, ", expected >= 0");
   }
+  // As HF's: with an end token, a sequence that generates it is finished (one in the prompt
+  // ends nothing) and gets the pad token from then on; all finished, generation stops.
+  const int64_t eos = options.eos_token_id.value_or(config_.eos_token_id.value_or(-1));
+  const int64_t pad = options.pad_token_id.value_or(config_.pad_token_id.value_or(eos));
+  // A pad token is run through the model with the rest of the batch.
+  TORCH_CHECK(eos < 0 || eos >= config_.vocab_size || (pad >= 0 && pad < config_.vocab_size),
+              "generate: pad_token_id ", pad, " is not a token of the vocabulary (",
+              config_.vocab_size, "), and end token ", eos, " can end a sequence");
   std::optional<at::Generator> generator;
   if (options.seed) generator = at::make_generator<at::CPUGeneratorImpl>(*options.seed);
   torch::NoGradGuard no_grad;
   auto ids = input_ids;  // (B, T)
+  auto unfinished = at::ones({input_ids.size(0), 1}, input_ids.options().dtype(at::kBool));
   for (int64_t i = 0; i < max_new_tokens; ++i) {
     // Without a KV cache each step reruns the whole prefix: fine for tests and small models.
     auto logits = forward(ids).logits.select(1, -1).to(at::kFloat);  // (B, V)
@@ -362,7 +387,13 @@ torch::Tensor GPT2LMHeadModelImpl::generate(const torch::Tensor& input_ids, int6
       }
       next = at::multinomial(logits.softmax(-1), 1, /*replacement=*/false, generator);
     }
-    ids = at::cat({ids, next.to(ids.device())}, 1);
+    next = next.to(ids.device());
+    if (eos >= 0) {
+      next = at::where(unfinished, next, pad);
+      unfinished = unfinished.logical_and(next != eos);
+    }
+    ids = at::cat({ids, next}, 1);
+    if (eos >= 0 && !unfinished.any().item<bool>()) break;
   }
   return ids;
 }

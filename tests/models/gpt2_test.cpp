@@ -223,6 +223,28 @@ TEST_F(GPT2, GreedyGenerateMatchesTransformers) {
   EXPECT_TRUE(torch::equal(got, expected)) << got << "\n" << expected;
 }
 
+// With an end token, as HF's generate: the finished row padded while the other goes on, and
+// one row alone stopping early (padded with the end token, the config having no pad token). A
+// token in the prompt ends nothing. -1 turns the stop off; the config's own (50256) is not in
+// this vocabulary, so the plain greedy test above never stops.
+TEST_F(GPT2, GreedyGenerateStopsAtTheEndTokenAsTransformers) {
+  auto model = GPT2LMHeadModel::from_pretrained(kTiny);
+  const auto& gen = reference()["generate"];
+  const int64_t eos = gen["eos_token_id"].get<int64_t>();
+  const int64_t new_tokens = gen["max_new_tokens"].get<int64_t>();
+  const auto prompt = tensor_of(reference()["input_ids"], torch::kLong)
+                          .narrow(1, 0, gen["prompt_len"].get<int64_t>());
+  EXPECT_EQ(model->config().eos_token_id, 50256);
+  auto got = model->generate(prompt, new_tokens, {.eos_token_id = eos, .pad_token_id = 0});
+  EXPECT_TRUE(torch::equal(got, tensor_of(gen["with_eos"], torch::kLong))) << got;
+  got = model->generate(prompt.narrow(0, 0, 1), new_tokens, {.eos_token_id = eos});
+  EXPECT_TRUE(torch::equal(got, tensor_of(gen["one_row_with_eos"], torch::kLong))) << got;
+  got = model->generate(prompt, new_tokens, {.eos_token_id = -1});
+  EXPECT_TRUE(torch::equal(got, tensor_of(gen["greedy"], torch::kLong))) << got;
+  EXPECT_ERROR(model->generate(prompt, 2, {.eos_token_id = eos, .pad_token_id = 256}),
+               "generate: pad_token_id 256 is not a token of the vocabulary (256)");
+}
+
 TEST_F(GPT2, SamplingIsSeededAndStaysInTopK) {
   auto model = GPT2LMHeadModel::from_pretrained(kTiny);
   model->eval();
@@ -285,6 +307,13 @@ TEST_F(GPT2, InitializerRangeScalesTheInitialWeights) {
   }
   wide->save_pretrained(dir_ / "wide");
   EXPECT_EQ(GPT2Config::from_json_file(dir_ / "wide" / "config.json").initializer_range, 0.2);
+  // The end and pad tokens go through config.json too, null for none.
+  config.eos_token_id = std::nullopt;
+  config.pad_token_id = 3;
+  config.save_json_file(dir_ / "tokens.json");
+  const auto tokens = GPT2Config::from_json_file(dir_ / "tokens.json");
+  EXPECT_EQ(tokens.eos_token_id, std::nullopt);
+  EXPECT_EQ(tokens.pad_token_id, 3);
   EXPECT_ERROR(GPT2LMHeadModel(GPT2Config{.initializer_range = -1}),
                "Invalid initializer_range: -1");
 }
@@ -310,6 +339,9 @@ TEST_F(GPT2, BadConfigsAreClearErrors) {
   EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(
                    tiny_with_config([](json& c) { c["model_type"] = "llama"; })),
                "model_type is \"llama\", expected \"gpt2\"");
+  EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(
+                   tiny_with_config([](json& c) { c["eos_token_id"] = "</s>"; })),
+               "key 'eos_token_id' is \"</s>\", expected a token id (an integer >= 0) or null");
   // A config.json that asks for a model larger than its weights file is refused
   // before the model is allocated (the tiny model has ~100k parameters).
   EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(

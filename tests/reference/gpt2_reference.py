@@ -89,6 +89,14 @@ def reference(path):
     with torch.no_grad():
         greedy = model.generate(prompt, max_new_tokens=GENERATE_NEW_TOKENS, do_sample=False,
                                 eos_token_id=None, pad_token_id=0)
+        # Stopping at an end token: the first row's first new token taken as EOS (its prompt
+        # ends with it too, which ends nothing); the batch pads the finished row with
+        # pad_token_id, and one row alone stops early.
+        eos = greedy[0, GENERATE_PROMPT_LEN].item()
+        with_eos = model.generate(prompt, max_new_tokens=GENERATE_NEW_TOKENS, do_sample=False,
+                                  eos_token_id=eos, pad_token_id=0)
+        one_row = model.generate(prompt[:1], max_new_tokens=GENERATE_NEW_TOKENS, do_sample=False,
+                                 eos_token_id=eos)
     return {
         "versions": {"torch": torch.__version__.split("+")[0],
                      "transformers": transformers.__version__},
@@ -99,7 +107,8 @@ def reference(path):
         "bf16": run(model, torch.bfloat16),
         "fp16": run(model, torch.float16),
         "generate": {"prompt_len": GENERATE_PROMPT_LEN, "max_new_tokens": GENERATE_NEW_TOKENS,
-                     "greedy": greedy.tolist()},
+                     "greedy": greedy.tolist(), "eos_token_id": eos, "with_eos": with_eos.tolist(),
+                     "one_row_with_eos": one_row.tolist()},
         "neftune": run_neftune(load(path)),
     }
 
