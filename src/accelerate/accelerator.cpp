@@ -22,6 +22,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -68,16 +70,57 @@ void check_total_limit(const ProjectConfiguration& project, const char* where) {
               ": project_config.total_limit must be >= 1, got ", project.total_limit.value_or(1));
 }
 
+// What `accelerate launch` passes its processes, which Accelerate reads where the code leaves a
+// choice unset: the variable's value, none when unset or empty.
+std::optional<std::string> launch_setting(const char* name) {
+  const char* value = std::getenv(name);
+  if (value == nullptr || *value == '\0') return std::nullopt;
+  return std::string(value);
+}
+
+// The settings the code left unset, from the launcher's variables as Accelerate takes them.
+void fill_from_launcher(AcceleratorOptions& options) {
+  if (!options.mixed_precision) {
+    options.mixed_precision = launch_setting("ACCELERATE_MIXED_PRECISION").value_or("no");
+    TORCH_CHECK(*options.mixed_precision == "no" || *options.mixed_precision == "fp16" ||
+                    *options.mixed_precision == "bf16",
+                "Accelerator: unknown mixed_precision '", *options.mixed_precision,
+                "' in ACCELERATE_MIXED_PRECISION; expected \"no\", \"fp16\" or \"bf16\"");
+  }
+  if (!options.gradient_accumulation_steps) {
+    const auto steps = launch_setting("ACCELERATE_GRADIENT_ACCUMULATION_STEPS");
+    size_t used = 0;
+    try {
+      options.gradient_accumulation_steps = steps ? std::stoll(*steps, &used) : 1;
+    } catch (const std::logic_error&) {  // not a number, or out of range
+    }
+    TORCH_CHECK(!steps || (used == steps->size() && used > 0),
+                "Accelerator: ACCELERATE_GRADIENT_ACCUMULATION_STEPS is '", steps.value_or(""),
+                "', expected an integer");
+  }
+  // Accelerate's str_to_bool.
+  if (const auto cpu = launch_setting("ACCELERATE_USE_CPU")) {
+    std::string v = *cpu;
+    std::ranges::transform(v, v.begin(), [](unsigned char c) { return std::tolower(c); });
+    const bool yes = v == "y" || v == "yes" || v == "t" || v == "true" || v == "on" || v == "1";
+    const bool no = v == "n" || v == "no" || v == "f" || v == "false" || v == "off" || v == "0";
+    TORCH_CHECK(yes || no, "Accelerator: ACCELERATE_USE_CPU is '", *cpu,
+                "', expected a truth value (y, yes, t, true, on, 1 or n, no, f, false, off, 0)");
+    options.cpu = options.cpu || yes;
+  }
+}
+
 }  // namespace
 
 Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<detail::Shared>()) {
-  const std::string& mp = options.mixed_precision;
+  fill_from_launcher(options);
+  const std::string& mp = *options.mixed_precision;
   TORCH_CHECK(mp == "no" || mp == "fp16" || mp == "bf16", "Accelerator: unknown mixed_precision '",
               mp, "'; expected \"no\", \"fp16\" or \"bf16\"");
   check_total_limit(options.project_config, "Accelerator");
-  TORCH_CHECK(options.gradient_accumulation_steps >= 1,
+  TORCH_CHECK(*options.gradient_accumulation_steps >= 1,
               "Accelerator: gradient_accumulation_steps must be >= 1, got ",
-              options.gradient_accumulation_steps);
+              *options.gradient_accumulation_steps);
   for (const auto& type : options.rng_types) {
     TORCH_CHECK(type == "torch" || type == "cuda" || type == "generator",
                 "Accelerator: rng_types' '", type,
@@ -106,7 +149,7 @@ Accelerator::Accelerator(AcceleratorOptions options) : shared_(std::make_shared<
   } else if (mp == "bf16") {
     shared_->autocast_dtype = c10::kBFloat16;
   }
-  shared_->gradient_state.num_steps = options.gradient_accumulation_steps;
+  shared_->gradient_state.num_steps = *options.gradient_accumulation_steps;
   shared_->options = std::move(options);
   if (shared_->device.is_cpu()) keep_freed_memory_for_reuse();
 }
@@ -388,7 +431,7 @@ void Accelerator::write_training_state(io::CheckpointWriter& writer,
   }
   writer.write_text("accelerator.json", json{{"step", shared_->step},
                                              {"num_processes", num_processes()},
-                                             {"mixed_precision", shared_->options.mixed_precision}}
+                                             {"mixed_precision", *shared_->options.mixed_precision}}
                                             .dump(1));
 }
 

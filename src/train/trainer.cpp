@@ -505,7 +505,10 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
     at::globalContext().setAllowTF32CuDNN(*args_.tf32);
   }
   accelerator_ = std::make_shared<accelerate::Accelerator>(accelerate::AcceleratorOptions{
-      .mixed_precision = args_.fp16 ? "fp16" : (args_.bf16 ? "bf16" : "no"),
+      // Neither: ACCELERATE_MIXED_PRECISION, else "no", as HF's TrainingArguments.
+      .mixed_precision = args_.fp16   ? std::optional<std::string>("fp16")
+                         : args_.bf16 ? std::optional<std::string>("bf16")
+                                      : std::nullopt,
       // As HF's: the Trainer divides each loss by its accumulation window's length itself
       // (shorter at an epoch's end) and says which micro-steps sync.
       .gradient_accumulation_steps = 1,

@@ -494,6 +494,43 @@ TEST(Accelerator, BadOptionsAreClearErrors) {
             std::string::npos);
 }
 
+// What `accelerate launch` sets (ACCELERATE_MIXED_PRECISION, ..._GRADIENT_ACCUMULATION_STEPS,
+// ..._USE_CPU) fills what the code leaves unset, as Accelerate reads them; a value given wins.
+TEST(Accelerator, LauncherEnvironmentFillsWhatIsUnset) {
+  struct Env {
+    Env() {
+      setenv("ACCELERATE_MIXED_PRECISION", "bf16", 1);
+      setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4", 1);
+      setenv("ACCELERATE_USE_CPU", "on", 1);
+    }
+    ~Env() {
+      for (const char* name : {"ACCELERATE_MIXED_PRECISION",
+                               "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_USE_CPU"})
+        unsetenv(name);
+    }
+  } env;
+  Accelerator launched;
+  EXPECT_EQ(launched.mixed_precision(), "bf16");
+  EXPECT_EQ(launched.gradient_accumulation_steps(), 4);
+  EXPECT_TRUE(launched.device().is_cpu());
+  Accelerator given({.mixed_precision = "no", .gradient_accumulation_steps = 1});
+  EXPECT_EQ(given.mixed_precision(), "no");
+  EXPECT_EQ(given.gradient_accumulation_steps(), 1);
+  setenv("ACCELERATE_MIXED_PRECISION", "fp8", 1);
+  EXPECT_EQ(error_of([] { Accelerator(); }),
+            "Accelerator: unknown mixed_precision 'fp8' in ACCELERATE_MIXED_PRECISION; expected "
+            "\"no\", \"fp16\" or \"bf16\"");
+  unsetenv("ACCELERATE_MIXED_PRECISION");
+  setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4x", 1);
+  EXPECT_EQ(error_of([] { Accelerator(); }),
+            "Accelerator: ACCELERATE_GRADIENT_ACCUMULATION_STEPS is '4x', expected an integer");
+  unsetenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS");
+  setenv("ACCELERATE_USE_CPU", "maybe", 1);
+  EXPECT_EQ(error_of([] { Accelerator(); }),
+            "Accelerator: ACCELERATE_USE_CPU is 'maybe', expected a truth value (y, yes, t, true, "
+            "on, 1 or n, no, f, false, off, 0)");
+}
+
 // Accelerate's process predicates and on_* decorators, on one process: it is the main, local
 // main and last process, and process 0.
 TEST(Accelerator, OnProcessRunsOnThatProcessOnly) {

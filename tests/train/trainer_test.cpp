@@ -260,6 +260,20 @@ TEST_F(TrainerTest, ScaleStuckAtItsMinimumStopsTheRun) {
   EXPECT_EQ(trainer.accelerator().scaler()->get_scale(), 1.0);
 }
 
+// Neither fp16 nor bf16: the mixed precision `accelerate launch` set (ACCELERATE_MIXED_PRECISION),
+// as HF's TrainingArguments take it; either flag wins over it.
+TEST_F(TrainerTest, MixedPrecisionFromTheLauncherWhenNoFlagIsSet) {
+  setenv("ACCELERATE_MIXED_PRECISION", "bf16", 1);
+  Classifier model;
+  auto a = args("launched");
+  Trainer launched(model, a, train_, eval_, accuracy);
+  a.fp16 = true;
+  Trainer flagged(model, a, train_, eval_, accuracy);
+  unsetenv("ACCELERATE_MIXED_PRECISION");
+  EXPECT_EQ(launched.accelerator().mixed_precision(), "bf16");
+  EXPECT_EQ(flagged.accelerator().mixed_precision(), "fp16");
+}
+
 // A damaged newest checkpoint: "last" resumes from the one before, with a
 // warning that names the damaged one.
 TEST_F(TrainerTest, ResumeLastFallsBackFromADamagedCheckpoint) {

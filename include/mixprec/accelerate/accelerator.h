@@ -62,9 +62,13 @@ struct AutocastKwargs {
 /// Options of `Accelerator`, with HF Accelerate's defaults.
 struct AcceleratorOptions {
   /// "no", "fp16" (autocast fp16 + GradScaler, unless scaler.enabled is false) or "bf16"
-  /// (autocast bf16).
-  std::string mixed_precision = "no";
-  int64_t gradient_accumulation_steps = 1;
+  /// (autocast bf16). Unset, as Accelerate's: the ACCELERATE_MIXED_PRECISION environment
+  /// variable (`accelerate launch --mixed_precision`), else "no".
+  std::optional<std::string> mixed_precision = std::nullopt;
+  /// Unset: ACCELERATE_GRADIENT_ACCUMULATION_STEPS (`accelerate launch
+  /// --gradient_accumulation_steps`), else 1. A value given wins, as Accelerate's
+  /// GradientAccumulationPlugin does (its plain argument loses to the variable).
+  std::optional<int64_t> gradient_accumulation_steps = std::nullopt;
   /// Accelerate's GradientAccumulationPlugin: `accumulate()` at the end of a prepared loader
   /// makes a sync step, whatever the count (false: the window goes on into the next pass).
   bool sync_with_dataloader = true;
@@ -73,7 +77,8 @@ struct AcceleratorOptions {
   /// communication, the same result up to rounding: Accelerate's memory saving is FSDP's,
   /// whose unsynced gradients are unsharded.
   bool sync_each_batch = false;
-  /// Stay on the CPU even when CUDA is available.
+  /// Stay on the CPU even when CUDA is available; so does ACCELERATE_USE_CPU set true (as
+  /// Accelerate reads it).
   bool cpu = false;
   /// The GradScaler's options for fp16 (Accelerate's GradScalerKwargs). `.enabled = false`:
   /// fp16 autocast without loss scaling (and scaler() is null).
@@ -626,7 +631,7 @@ class Accelerator {
   /// `numerics_monitor` was set.
   log::NumericsMonitor* numerics_monitor() const { return shared_->monitor.get(); }
 
-  const std::string& mixed_precision() const { return shared_->options.mixed_precision; }
+  const std::string& mixed_precision() const { return *shared_->options.mixed_precision; }
   /// gradient_state().num_steps, which the loss is divided by and the
   /// micro-steps are counted against (Accelerate's property).
   int64_t gradient_accumulation_steps() const { return shared_->gradient_state.num_steps; }
