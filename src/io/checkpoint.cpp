@@ -7,6 +7,7 @@
 #include "io/file.h"
 
 #include <fcntl.h>
+#include <unistd.h>
 
 #include <ATen/ATen.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -467,8 +468,12 @@ CheckpointWriter::CheckpointWriter(std::filesystem::path final_dir)
     : final_dir_(std::move(final_dir)) {
   // "out/checkpoint-5/" names the folder, not a file in it: without this the temporary folder
   // would go inside the final one.
+  final_dir_ = final_dir_.lexically_normal();  // "out/." is "out/": not a folder inside it
   if (!final_dir_.has_filename()) final_dir_ = final_dir_.parent_path();
   TORCH_CHECK(!final_dir_.empty(), "CheckpointWriter: no folder name given");
+  TORCH_CHECK(final_dir_.filename() != "." && final_dir_.filename() != "..",
+              "CheckpointWriter: cannot replace '", final_dir_.string(),
+              "', which holds its own temporary folder; name a folder inside it");
   tmp_dir_ = final_dir_.string() + ".tmp-" + std::to_string(::getpid());
   std::filesystem::remove_all(tmp_dir_);
   std::filesystem::create_directories(tmp_dir_);
@@ -491,13 +496,36 @@ void CheckpointWriter::write_tensors(const std::string& name, const TensorMap& t
 
 namespace {
 
-// What `from` holds that `to` does not, linked (or copied where links cannot be made) into `to`.
-// Links, not copies: a file still being written (a tracker's log) keeps all its data.
+// The files a checkpoint folder's manifest names: an earlier save's own, which a new save
+// replaces whole (kept, an older save's optimizer or random states would be loaded with the new
+// weights). None without a manifest (a folder of the user's); all, with one that cannot be read.
+std::optional<std::set<std::string>> checkpoint_files(const std::filesystem::path& dir) {
+  std::set<std::string> names{"checksums.json"};
+  const auto manifest = dir / "checksums.json";
+  if (!std::filesystem::exists(manifest)) return names;
+  try {
+    const json sums = json::parse(read_file(manifest));
+    for (const auto& [name, sum] : sums.items()) names.insert(name);
+  } catch (const std::exception& e) {
+    MIXPREC_WARN("CheckpointWriter: ", manifest.string(), " cannot be read (", e.what(),
+                 "): nothing of ", dir.string(), " is kept beside the new checkpoint");
+    return std::nullopt;
+  }
+  return names;
+}
+
+// What `from` holds beside its checkpoint that `to` does not, linked (or copied where links
+// cannot be made) into `to`. Links, not copies: a file still being written (a tracker's log)
+// keeps all its data. Copies are synced to disk before the old folder goes.
 void carry_over(const std::filesystem::path& from, const std::filesystem::path& to) {
   namespace fs = std::filesystem;
+  const auto owned = checkpoint_files(from);
+  if (!owned) return;
+  bool copied = false;
   for (const auto& entry : fs::directory_iterator(from)) {
-    const fs::path target = to / entry.path().filename();
-    if (fs::exists(fs::symlink_status(target))) continue;  // this save writes its own
+    const std::string name = entry.path().filename().string();
+    const fs::path target = to / name;
+    if (owned->contains(name) || fs::exists(fs::symlink_status(target))) continue;
     const auto how = fs::copy_options::recursive | fs::copy_options::copy_symlinks;
     std::error_code error;
     fs::copy(entry.path(), target, how | fs::copy_options::create_hard_links, error);
@@ -505,10 +533,17 @@ void carry_over(const std::filesystem::path& from, const std::filesystem::path& 
       fs::remove_all(target, error);
       error.clear();
       fs::copy(entry.path(), target, how, error);
+      copied = true;
     }
     TORCH_CHECK(!error, "CheckpointWriter: cannot keep ", entry.path().string(),
                 " (not part of the checkpoint) in the new folder: ", error.message(),
-                "; the old folder is left as it was");
+                "; nothing was replaced. Move it out of ", from.string(), " to save there.");
+  }
+  if (copied) {
+    const int fd = ::open(to.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    TORCH_CHECK(fd >= 0 && ::syncfs(fd) == 0, "CheckpointWriter: cannot sync ", to.string(), ": ",
+                std::strerror(errno));
+    ::close(fd);
   }
 }
 
@@ -520,7 +555,7 @@ void CheckpointWriter::commit() {
     sums[entry.path().filename().string()] = checksum(entry.path());
   write_file_atomically(tmp_dir_ / "checksums.json", sums.dump(1));
   // As Accelerate's save_state, which writes its files into the folder: what else the folder
-  // held (a config, logs) stays.
+  // held (a config, logs) stays; an earlier checkpoint's own files do not.
   if (std::filesystem::exists(final_dir_)) carry_over(final_dir_, tmp_dir_);
   fsync_dir(tmp_dir_);
   // Replacing a folder of the same name: swap the two in one step where the file system can, so

@@ -207,7 +207,8 @@ TEST(CheckpointWriter, ReplacesAtomicallyAndCleansUp) {
 // As Accelerate's save_state (which writes its files into the folder): what else the folder
 // holds stays, a subfolder and a symlink included, and a file still open for writing (a
 // tracker's log) keeps what is appended after the save. The checkpoint's own files are
-// replaced, and only they are in its checksums.
+// replaced, and only they are in its checksums; an earlier save's that this one does not write
+// (in that save's checksums: an optimizer, say) go, lest they be loaded with the new ones.
 TEST(CheckpointWriter, KeepsWhatTheFolderHoldsBesideTheCheckpoint) {
   const auto root = fs::temp_directory_path() / ("mixprec_ckpt_keep_" + std::to_string(getpid()));
   fs::remove_all(root);
@@ -217,11 +218,13 @@ TEST(CheckpointWriter, KeepsWhatTheFolderHoldsBesideTheCheckpoint) {
   std::ofstream log(dir / "runs" / "events", std::ios::binary);
   log << "before" << std::flush;
   fs::create_symlink("config.json", dir / "link");
-  for (const char* text : {"first", "second"}) {
+  for (const std::string text : {"first", "second"}) {
     mixprec::io::CheckpointWriter writer(dir);
     writer.write_text("note.txt", text);
     writer.write_text("config.json", "{\"new\": 1}");
+    if (text == "first") writer.write_text("optimizer.json", "{}");
     writer.commit();
+    EXPECT_EQ(fs::exists(dir / "optimizer.json"), text == "first");
   }
   log << " after" << std::flush;
   EXPECT_EQ(mixprec::io::read_file(dir / "note.txt"), "second");
@@ -234,6 +237,14 @@ TEST(CheckpointWriter, KeepsWhatTheFolderHoldsBesideTheCheckpoint) {
   std::vector<std::string> names;
   for (const auto& entry : fs::directory_iterator(root)) names.push_back(entry.path().filename());
   EXPECT_EQ(names, std::vector<std::string>{"state"});
+  // A folder that would hold its own temporary one is refused (its carry-over would copy into
+  // itself); "state/." is "state".
+  EXPECT_EQ(mixprec::testing::error_of([] { mixprec::io::CheckpointWriter writer("."); }),
+            "CheckpointWriter: cannot replace '.', which holds its own temporary folder; name a "
+            "folder inside it");
+  mixprec::io::CheckpointWriter(dir / ".").commit();  // an empty checkpoint
+  EXPECT_FALSE(fs::exists(dir / "note.txt"));
+  EXPECT_EQ(mixprec::io::read_file(dir / "runs" / "events"), "before after");
   fs::remove_all(root);
 }
 
