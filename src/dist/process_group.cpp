@@ -255,7 +255,8 @@ void GradientReducer::after_forward(bool sync_gradients, const std::vector<at::T
 void GradientReducer::prepare_for_backward(const std::vector<at::Tensor>& outputs) {
   TORCH_CHECK(!impl_->options.find_unused_parameters || !outputs.empty(),
               "GradientReducer: find_unused_parameters needs the forward's outputs as tensors (a "
-              "Tensor, a ModelOutput, or a vector or tuple of them) to find the parameters they "
+              "Tensor, a ModelOutput, or tuples, pairs, vectors, optionals or maps of them) to "
+              "find the parameters they "
               "depend on");
   impl_->reducer->prepare_for_backward(outputs);
 }

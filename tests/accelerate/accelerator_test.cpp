@@ -82,6 +82,12 @@ TEST(Accelerator, PreparedModelConvertsNestedOutputs) {
   std::vector<at::Tensor> found;
   mixprec::accelerate::detail::collect_tensors(out, found);
   EXPECT_EQ(found.size(), 4u);  // the two in the map, the two in the tuple
+  // Without mixed precision nothing is converted: a pure bf16 model's outputs stay bf16.
+  Accelerator plain({.mixed_precision = "no"});
+  Probe bf16;
+  bf16->to(at::kBFloat16);
+  auto pure = plain.prepare(bf16);
+  EXPECT_EQ(pure(x.to(at::kBFloat16)).scalar_type(), at::kBFloat16);
 }
 
 // GPT-2 through the prepared model: its outputs are the fp32 cast of what the model returns

@@ -257,8 +257,10 @@ std::tuple<Ts...> to_fp32(std::tuple<Ts...> ts) {
 }
 template <typename T, typename... R>
 std::vector<T, R...> to_fp32(std::vector<T, R...> ts) {
-  for (auto& t : ts) t = to_fp32(std::move(t));
-  return ts;
+  std::vector<T, R...> out;  // built anew: vector<bool>'s or const elements take no assignment
+  out.reserve(ts.size());
+  for (auto&& t : ts) out.push_back(to_fp32(static_cast<T>(std::move(t))));
+  return out;
 }
 template <typename T>
 std::optional<T> to_fp32(std::optional<T> t) {
@@ -339,8 +341,8 @@ concept ModuleHandle = requires(M m) {
   m->to(c10::Device(c10::kCPU));
 };
 
-/// A model prepared by an Accelerator: calling it runs `forward` under the
-/// accelerator's autocast and returns the outputs in fp32 (Accelerate's
+/// A model prepared by an Accelerator: with fp16/bf16, calling it runs `forward`
+/// under the accelerator's autocast and returns the outputs in fp32 (Accelerate's
 /// `convert_outputs_to_fp32`, through tuples, pairs, vectors, optionals and
 /// maps); `->` reaches the module itself. Unlike Accelerate, which patches the
 /// module's own `forward`, only calls through this wrapper (or `run`) get
@@ -371,6 +373,9 @@ class PreparedModel {
         autocast.emplace(shared_->device.type(), *shared_->autocast_dtype,
                          shared_->options.autocast.enabled,
                          shared_->options.autocast.cache_enabled);
+      // As Accelerate, which converts under its mixed precision only (a pure bf16 model's
+      // outputs stay bf16).
+      if (!shared_->autocast_dtype) return forward();
       return detail::to_fp32(forward());
     }();
     if (reducer_) {
