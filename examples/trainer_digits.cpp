@@ -15,6 +15,7 @@
 #include <torch/torch.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cstdio>
 #include <iostream>
 
@@ -52,9 +53,19 @@ int main(int argc, char** argv) {
                                        "accuracy",
                                        "--overwrite_output_dir",
                                        "--use_cpu"};
-  // fp16 unless bf16 is asked for: both would be an error.
-  const bool bf16 = std::any_of(flags.begin(), flags.end(),
-                                [](const std::string& f) { return f.starts_with("--bf16"); });
+  // fp16 unless bf16 is asked for (--bf16, --bf16 true, --bf16=yes, ...): both would be an error.
+  bool bf16 = false;
+  for (size_t i = 0; i < flags.size(); ++i) {
+    std::string value;
+    if (flags[i] == "--bf16")
+      value = i + 1 < flags.size() && !flags[i + 1].starts_with("--") ? flags[i + 1] : "true";
+    else if (flags[i].starts_with("--bf16="))
+      value = flags[i].substr(7);
+    else
+      continue;
+    std::ranges::transform(value, value.begin(), [](unsigned char c) { return std::tolower(c); });
+    bf16 = value == "true" || value == "yes" || value == "t" || value == "y" || value == "1";
+  }
   if (!bf16) defaults.push_back("--fp16");
   if (std::find(flags.begin(), flags.end(), "--help") != flags.end()) {
     std::cout << "usage: trainer_digits [--config FILE] [--name value ...]\n\nThis example runs "

@@ -44,16 +44,35 @@ double optional_number(const json& j, const char* key, double fallback,
   return v.get<double>();
 }
 
-// A token id: an integer >= 0, or null for none.
+std::string token_error(const char* key, const json& v, const std::filesystem::path& path) {
+  return c10::str(in_file(path), "key '", key, "' is ", v.dump(),
+                  ", expected a token id (an integer >= 0)",
+                  std::string_view(key) == "eos_token_id" ? ", a list of them" : "", " or null");
+}
+
+bool is_token(const json& v) { return v.is_number_integer() && v.get<int64_t>() >= 0; }
+
+// A token id, or null for none.
 std::optional<int64_t> optional_token(const json& j, const char* key,
                                       std::optional<int64_t> fallback,
                                       const std::filesystem::path& path) {
   if (!j.contains(key)) return fallback;
   const auto& v = j[key];
   if (v.is_null()) return std::nullopt;
-  TORCH_CHECK(v.is_number_integer() && v.get<int64_t>() >= 0, in_file(path), "key '", key, "' is ",
-              v.dump(), ", expected a token id (an integer >= 0) or null");
+  TORCH_CHECK(is_token(v), token_error(key, v, path));
   return v.get<int64_t>();
+}
+
+// HF's eos_token_id: a token id, a list of them, or null.
+std::vector<int64_t> end_tokens(const json& j, std::vector<int64_t> fallback,
+                                const std::filesystem::path& path) {
+  if (!j.contains("eos_token_id")) return fallback;
+  const auto& v = j["eos_token_id"];
+  if (v.is_null()) return {};
+  if (is_token(v)) return {v.get<int64_t>()};
+  TORCH_CHECK(v.is_array() && std::ranges::all_of(v, is_token),
+              token_error("eos_token_id", v, path));
+  return v.get<std::vector<int64_t>>();
 }
 
 // An HF option this model does not implement must hold its default value (or be absent).
@@ -112,7 +131,7 @@ GPT2Config GPT2Config::from_json_file(const std::filesystem::path& path) {
     c.activation_function = j["activation_function"].get<std::string>();
   }
   c.initializer_range = optional_number(j, "initializer_range", c.initializer_range, path);
-  c.eos_token_id = optional_token(j, "eos_token_id", c.eos_token_id, path);
+  c.eos_token_id = end_tokens(j, c.eos_token_id, path);
   c.pad_token_id = optional_token(j, "pad_token_id", c.pad_token_id, path);
   expect_default(j, "tie_word_embeddings", true, path);
   expect_default(j, "scale_attn_weights", true, path);
@@ -146,7 +165,9 @@ void GPT2Config::save_json_file(const std::filesystem::path& path) const {
       {"n_layer", n_layer},
       {"n_positions", n_positions},
       {"vocab_size", vocab_size},
-      {"eos_token_id", eos_token_id ? json(*eos_token_id) : json(nullptr)},
+      {"eos_token_id", eos_token_id.empty()       ? json(nullptr)
+                       : eos_token_id.size() == 1 ? json(eos_token_id[0])
+                                                  : json(eos_token_id)},
       {"pad_token_id", pad_token_id ? json(*pad_token_id) : json(nullptr)},
       {"scale_attn_weights", true},
       {"scale_attn_by_inverse_layer_idx", false},
@@ -360,14 +381,19 @@ torch::Tensor GPT2LMHeadModelImpl::generate(const torch::Tensor& input_ids, int6
                 ", expected > 0");
     TORCH_CHECK(options.top_k >= 0, "generate: top_k is ", options.top_k, ", expected >= 0");
   }
-  // As HF's: with an end token, a sequence that generates it is finished (one in the prompt
+  // As HF's: with end tokens, a sequence that generates one is finished (one in the prompt
   // ends nothing) and gets the pad token from then on; all finished, generation stops.
-  const int64_t eos = options.eos_token_id.value_or(config_.eos_token_id.value_or(-1));
-  const int64_t pad = options.pad_token_id.value_or(config_.pad_token_id.value_or(eos));
+  std::vector<int64_t> eos = config_.eos_token_id;
+  if (options.eos_token_id)
+    eos = *options.eos_token_id >= 0 ? std::vector{*options.eos_token_id} : std::vector<int64_t>{};
+  const int64_t pad = options.pad_token_id.value_or(
+      config_.pad_token_id.value_or(eos.empty() ? int64_t{0} : eos[0]));
   // A pad token is run through the model with the rest of the batch.
-  TORCH_CHECK(eos < 0 || eos >= config_.vocab_size || (pad >= 0 && pad < config_.vocab_size),
-              "generate: pad_token_id ", pad, " is not a token of the vocabulary (",
-              config_.vocab_size, "), and end token ", eos, " can end a sequence");
+  const bool can_end = std::ranges::any_of(eos, [&](int64_t t) { return t < config_.vocab_size; });
+  TORCH_CHECK(!can_end || (pad >= 0 && pad < config_.vocab_size), "generate: pad_token_id ", pad,
+              " is not a token of the vocabulary (", config_.vocab_size,
+              "), and an end token can end a sequence");
+  const auto end_tokens = at::tensor(eos, input_ids.options());
   std::optional<at::Generator> generator;
   if (options.seed) generator = at::make_generator<at::CPUGeneratorImpl>(*options.seed);
   torch::NoGradGuard no_grad;
@@ -388,12 +414,12 @@ torch::Tensor GPT2LMHeadModelImpl::generate(const torch::Tensor& input_ids, int6
       next = at::multinomial(logits.softmax(-1), 1, /*replacement=*/false, generator);
     }
     next = next.to(ids.device());
-    if (eos >= 0) {
+    if (can_end) {
       next = at::where(unfinished, next, pad);
-      unfinished = unfinished.logical_and(next != eos);
+      unfinished = unfinished.logical_and(at::isin(next, end_tokens).logical_not());
     }
     ids = at::cat({ids, next}, 1);
-    if (eos >= 0 && !unfinished.any().item<bool>()) break;
+    if (can_end && !unfinished.any().item<bool>()) break;
   }
   return ids;
 }

@@ -234,7 +234,7 @@ TEST_F(GPT2, GreedyGenerateStopsAtTheEndTokenAsTransformers) {
   const int64_t new_tokens = gen["max_new_tokens"].get<int64_t>();
   const auto prompt = tensor_of(reference()["input_ids"], torch::kLong)
                           .narrow(1, 0, gen["prompt_len"].get<int64_t>());
-  EXPECT_EQ(model->config().eos_token_id, 50256);
+  EXPECT_EQ(model->config().eos_token_id, std::vector<int64_t>{50256});
   auto got = model->generate(prompt, new_tokens, {.eos_token_id = eos, .pad_token_id = 0});
   EXPECT_TRUE(torch::equal(got, tensor_of(gen["with_eos"], torch::kLong))) << got;
   got = model->generate(prompt.narrow(0, 0, 1), new_tokens, {.eos_token_id = eos});
@@ -243,6 +243,14 @@ TEST_F(GPT2, GreedyGenerateStopsAtTheEndTokenAsTransformers) {
   EXPECT_TRUE(torch::equal(got, tensor_of(gen["greedy"], torch::kLong))) << got;
   EXPECT_ERROR(model->generate(prompt, 2, {.eos_token_id = eos, .pad_token_id = 256}),
                "generate: pad_token_id 256 is not a token of the vocabulary (256)");
+  // The config's end tokens, a list as HF allows (any of them ends), and its pad token.
+  auto listed = GPT2LMHeadModel::from_pretrained(tiny_with_config([&](json& c) {
+    c["eos_token_id"] = {300, eos};
+    c["pad_token_id"] = 0;
+  }));
+  EXPECT_EQ(listed->config().eos_token_id, (std::vector<int64_t>{300, eos}));
+  got = listed->generate(prompt, new_tokens);
+  EXPECT_TRUE(torch::equal(got, tensor_of(gen["with_eos"], torch::kLong))) << got;
 }
 
 TEST_F(GPT2, SamplingIsSeededAndStaysInTopK) {
@@ -308,11 +316,11 @@ TEST_F(GPT2, InitializerRangeScalesTheInitialWeights) {
   wide->save_pretrained(dir_ / "wide");
   EXPECT_EQ(GPT2Config::from_json_file(dir_ / "wide" / "config.json").initializer_range, 0.2);
   // The end and pad tokens go through config.json too, null for none.
-  config.eos_token_id = std::nullopt;
+  config.eos_token_id = {};
   config.pad_token_id = 3;
   config.save_json_file(dir_ / "tokens.json");
   const auto tokens = GPT2Config::from_json_file(dir_ / "tokens.json");
-  EXPECT_EQ(tokens.eos_token_id, std::nullopt);
+  EXPECT_TRUE(tokens.eos_token_id.empty());
   EXPECT_EQ(tokens.pad_token_id, 3);
   EXPECT_ERROR(GPT2LMHeadModel(GPT2Config{.initializer_range = -1}),
                "Invalid initializer_range: -1");
@@ -341,7 +349,8 @@ TEST_F(GPT2, BadConfigsAreClearErrors) {
                "model_type is \"llama\", expected \"gpt2\"");
   EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(
                    tiny_with_config([](json& c) { c["eos_token_id"] = "</s>"; })),
-               "key 'eos_token_id' is \"</s>\", expected a token id (an integer >= 0) or null");
+               "key 'eos_token_id' is \"</s>\", expected a token id (an integer >= 0), a list of "
+               "them or null");
   // A config.json that asks for a model larger than its weights file is refused
   // before the model is allocated (the tiny model has ~100k parameters).
   EXPECT_ERROR(GPT2LMHeadModel::from_pretrained(

@@ -162,8 +162,9 @@ TEST(LayerNorm, MatchesLibTorchsLayerNormAndCast) {
 
 // On LibTorch's threads (rows enough for several chunks): the same fp64 checks, and the same
 // bits on one thread and on two (each chunk of rows sums its weight and bias gradients apart,
-// then the chunks add in order). A wide row (4096) runs the 64 chunks that bound the buffer, the
-// last one short. Double backward is refused, not silently wrong.
+// then the chunks add in order). A wide row (4096) runs under the bound of 64 chunks on the
+// buffer (61 here, the last one short), where 16384 / C rows a chunk would make 258. Double
+// backward is refused, not silently wrong.
 TEST(LayerNorm, ParallelRowsMatchFp64AndOneThreadsBits) {
   torch::manual_seed(3);
   for (const auto& [rows, C] : {std::pair<int64_t, int64_t>{4099, 130}, {1030, 4096}}) {

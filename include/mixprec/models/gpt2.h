@@ -26,10 +26,10 @@ struct GPT2Config {
   double attn_pdrop = 0.1;
   std::string activation_function = "gelu_new";  ///< or "gelu_pytorch_tanh"
   double initializer_range = 0.02;               ///< the weights' initial standard deviation (HF's)
-  /// The token that ends a text, where generate() stops a sequence (HF's GPT2Config: 50256,
-  /// "<|endoftext|>"); and the one that fills a finished sequence while others go on (none: the
-  /// end token, as HF's generate). Null in config.json: none.
-  std::optional<int64_t> eos_token_id = 50256;
+  /// The tokens that end a text, where generate() stops a sequence (HF's GPT2Config: 50256,
+  /// "<|endoftext|>"; config.json holds one, a list or null); and the one that fills a finished
+  /// sequence while others go on (none: the first end token, as HF's generate).
+  std::vector<int64_t> eos_token_id = {50256};
   std::optional<int64_t> pad_token_id = std::nullopt;
 
   /// Reads an HF `config.json`. vocab_size, n_positions, n_embd, n_layer and n_head are
@@ -127,8 +127,8 @@ struct GenerateOptions {
   double temperature = 1.0;
   std::optional<uint64_t> seed =
       std::nullopt;  ///< a private generator with this seed; else torch's default
-  /// HF's eos_token_id: a sequence that generates it is finished; unset, the config's; -1, none
-  /// (HF's eos_token_id=None). Generation stops when every sequence is.
+  /// HF's eos_token_id: a sequence that generates it is finished; unset, the config's (any of
+  /// them); -1, none (HF's eos_token_id=None). Generation stops when every sequence is.
   std::optional<int64_t> eos_token_id = std::nullopt;
   /// HF's pad_token_id: what a finished sequence gets while others go on; unset, the config's,
   /// else the end token (as HF).
@@ -159,9 +159,10 @@ class GPT2LMHeadModelImpl : public torch::nn::Module,
                       std::optional<int64_t> num_items_in_batch = std::nullopt);
 
   /// Appends up to `max_new_tokens` (> 0) tokens to input_ids (B, T) -> (B, T + new), without
-  /// gradients: fewer when every sequence has generated the end token (options.eos_token_id,
-  /// else the config's), as HF's. Dropout follows the module's mode, as in HF (from_pretrained's
-  /// model is in eval mode).
+  /// gradients: fewer when every sequence has generated an end token (options.eos_token_id,
+  /// else the config's), as HF's. The prompts are whole (no attention mask: a pad token in one
+  /// is attended to, where HF would mask it). Dropout follows the module's mode, as in HF
+  /// (from_pretrained's model is in eval mode).
   torch::Tensor generate(const torch::Tensor& input_ids, int64_t max_new_tokens,
                          const GenerateOptions& options = {});
 

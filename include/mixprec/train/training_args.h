@@ -133,7 +133,8 @@ struct TrainingArguments {
   int64_t max_steps = -1;
   std::string lr_scheduler_type = "linear";
   /// The schedule's own arguments, as HF's: cosine's num_cycles, polynomial's lr_end and power,
-  /// inverse_sqrt's timescale, cosine_with_min_lr's min_lr or min_lr_rate, warmup_stable_decay's
+  /// inverse_sqrt's timescale, cosine_with_min_lr's min_lr or min_lr_rate
+  /// (cosine_warmup_with_min_lr's too, and its warmup_lr_rate), warmup_stable_decay's
   /// num_decay_steps (required), num_stable_steps, warmup_type, decay_type, min_lr_ratio and
   /// num_cycles. One the schedule does not take is an error; the constant schedules ignore them,
   /// as HF's, with a warning. A JSON object on the command line.
