@@ -10,6 +10,7 @@
 
 #include <sys/wait.h>
 #include <cstdio>
+#include <cstdlib>
 
 #include <algorithm>
 #include <filesystem>
@@ -21,6 +22,26 @@
 #include <vector>
 
 namespace mixprec::testing {
+
+/// What `accelerate launch` exports would change the precision of every Accelerator and Trainer
+/// the tests make: cleared as each test program starts (a test sets them itself).
+inline const bool launcher_environment_cleared = [] {
+  for (const char* name : {"ACCELERATE_MIXED_PRECISION", "ACCELERATE_GRADIENT_ACCUMULATION_STEPS",
+                           "ACCELERATE_USE_CPU"})
+    unsetenv(name);
+  return true;
+}();
+
+/// Sets an environment variable for a scope, then unsets it.
+struct ScopedEnv {
+  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
+  ~ScopedEnv() { unsetenv(name_); }
+  ScopedEnv(const ScopedEnv&) = delete;
+  ScopedEnv& operator=(const ScopedEnv&) = delete;
+
+ private:
+  const char* name_;
+};
 
 /// What tests/reference/NAME.py wrote into tests/reference/data/.
 inline nlohmann::json load_reference(const std::string& file) {

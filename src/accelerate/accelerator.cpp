@@ -94,9 +94,10 @@ void fill_from_launcher(AcceleratorOptions& options) {
       options.gradient_accumulation_steps = steps ? std::stoll(*steps, &used) : 1;
     } catch (const std::logic_error&) {  // not a number, or out of range
     }
-    TORCH_CHECK(!steps || (used == steps->size() && used > 0),
-                "Accelerator: ACCELERATE_GRADIENT_ACCUMULATION_STEPS is '", steps.value_or(""),
-                "', expected an integer");
+    TORCH_CHECK(
+        !steps || (used == steps->size() && used > 0 && *options.gradient_accumulation_steps >= 1),
+        "Accelerator: ACCELERATE_GRADIENT_ACCUMULATION_STEPS is '", steps.value_or(""),
+        "', expected an integer >= 1");
   }
   // Accelerate's str_to_bool.
   if (const auto cpu = launch_setting("ACCELERATE_USE_CPU")) {

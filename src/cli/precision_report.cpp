@@ -406,6 +406,9 @@ int precision_report(Command& c, const std::vector<std::string>& words) {
                 "'; expected fp32, bf16, fp16 or bf16-true");
   TORCH_CHECK(report.loss_tolerance > 0,
               "mixprec precision-report: loss_tolerance must be > 0, got ", report.loss_tolerance);
+  // Each run sets its own precision: the fp32 and pure bf16 runs, which set neither fp16 nor
+  // bf16, must not take the launcher's (`accelerate launch` exports it).
+  unsetenv("ACCELERATE_MIXED_PRECISION");
   const fs::path dir = report.report_dir;
   fs::create_directories(dir);
   std::vector<Run> runs;

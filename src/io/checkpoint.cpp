@@ -471,9 +471,10 @@ CheckpointWriter::CheckpointWriter(std::filesystem::path final_dir)
   final_dir_ = final_dir_.lexically_normal();  // "out/." is "out/": not a folder inside it
   if (!final_dir_.has_filename()) final_dir_ = final_dir_.parent_path();
   TORCH_CHECK(!final_dir_.empty(), "CheckpointWriter: no folder name given");
-  TORCH_CHECK(final_dir_.filename() != "." && final_dir_.filename() != "..",
-              "CheckpointWriter: cannot replace '", final_dir_.string(),
-              "', which holds its own temporary folder; name a folder inside it");
+  TORCH_CHECK(
+      final_dir_.has_filename() && final_dir_.filename() != "." && final_dir_.filename() != "..",
+      "CheckpointWriter: cannot replace '", final_dir_.string(),
+      "', which holds its own temporary folder; name a folder inside it");
   tmp_dir_ = final_dir_.string() + ".tmp-" + std::to_string(::getpid());
   std::filesystem::remove_all(tmp_dir_);
   std::filesystem::create_directories(tmp_dir_);
@@ -496,21 +497,29 @@ void CheckpointWriter::write_tensors(const std::string& name, const TensorMap& t
 
 namespace {
 
-// The files a checkpoint folder's manifest names: an earlier save's own, which a new save
-// replaces whole (kept, an older save's optimizer or random states would be loaded with the new
-// weights). None without a manifest (a folder of the user's); all, with one that cannot be read.
-std::optional<std::set<std::string>> checkpoint_files(const std::filesystem::path& dir) {
+// The files of an earlier checkpoint in `dir`, which its manifest names: a new save replaces
+// them whole (kept, an older save's optimizer or random states would be loaded with the new
+// weights). Only the manifest itself without one (a folder of the user's). A manifest that
+// cannot be read tells the checkpoint's files from the rest no more: an error, not a guess.
+std::set<std::string> checkpoint_files(const std::filesystem::path& dir) {
   std::set<std::string> names{"checksums.json"};
   const auto manifest = dir / "checksums.json";
   if (!std::filesystem::exists(manifest)) return names;
+  json sums;
   try {
-    const json sums = json::parse(read_file(manifest));
-    for (const auto& [name, sum] : sums.items()) names.insert(name);
+    sums = json::parse(read_file(manifest));
   } catch (const std::exception& e) {
-    MIXPREC_WARN("CheckpointWriter: ", manifest.string(), " cannot be read (", e.what(),
-                 "): nothing of ", dir.string(), " is kept beside the new checkpoint");
-    return std::nullopt;
+    TORCH_CHECK(false, "CheckpointWriter: ", manifest.string(), " cannot be read (", e.what(),
+                "), so the earlier checkpoint's files cannot be told from the rest of ",
+                dir.string(), "; nothing was replaced. Remove it to save there.");
   }
+  TORCH_CHECK(sums.is_object(), "CheckpointWriter: ", manifest.string(),
+              " is not an object of {file: checksum}, so the earlier checkpoint's files cannot be "
+              "told from the rest of ",
+              dir.string(),
+              "; nothing was replaced. Remove it to save "
+              "there.");
+  for (const auto& [name, sum] : sums.items()) names.insert(name);
   return names;
 }
 
@@ -520,12 +529,11 @@ std::optional<std::set<std::string>> checkpoint_files(const std::filesystem::pat
 void carry_over(const std::filesystem::path& from, const std::filesystem::path& to) {
   namespace fs = std::filesystem;
   const auto owned = checkpoint_files(from);
-  if (!owned) return;
   bool copied = false;
   for (const auto& entry : fs::directory_iterator(from)) {
     const std::string name = entry.path().filename().string();
     const fs::path target = to / name;
-    if (owned->contains(name) || fs::exists(fs::symlink_status(target))) continue;
+    if (owned.contains(name) || fs::exists(fs::symlink_status(target))) continue;
     const auto how = fs::copy_options::recursive | fs::copy_options::copy_symlinks;
     std::error_code error;
     fs::copy(entry.path(), target, how | fs::copy_options::create_hard_links, error);
@@ -541,9 +549,10 @@ void carry_over(const std::filesystem::path& from, const std::filesystem::path& 
   }
   if (copied) {
     const int fd = ::open(to.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    TORCH_CHECK(fd >= 0 && ::syncfs(fd) == 0, "CheckpointWriter: cannot sync ", to.string(), ": ",
-                std::strerror(errno));
-    ::close(fd);
+    const bool synced = fd >= 0 && ::syncfs(fd) == 0;
+    const int error = errno;
+    if (fd >= 0) ::close(fd);
+    TORCH_CHECK(synced, "CheckpointWriter: cannot sync ", to.string(), ": ", std::strerror(error));
   }
 }
 

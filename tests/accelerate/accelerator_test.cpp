@@ -82,6 +82,11 @@ TEST(Accelerator, PreparedModelConvertsNestedOutputs) {
   std::vector<at::Tensor> found;
   mixprec::accelerate::detail::collect_tensors(out, found);
   EXPECT_EQ(found.size(), 4u);  // the two in the map, the two in the tuple
+  // What holds no tensor passes as it is, vector<bool> too.
+  EXPECT_EQ(model.run([] {
+    return std::vector<bool>{true, false};
+  }),
+            (std::vector<bool>{true, false}));
   // Without mixed precision nothing is converted: a pure bf16 model's outputs stay bf16.
   Accelerator plain({.mixed_precision = "no"});
   Probe bf16;
@@ -503,18 +508,9 @@ TEST(Accelerator, BadOptionsAreClearErrors) {
 // What `accelerate launch` sets (ACCELERATE_MIXED_PRECISION, ..._GRADIENT_ACCUMULATION_STEPS,
 // ..._USE_CPU) fills what the code leaves unset, as Accelerate reads them; a value given wins.
 TEST(Accelerator, LauncherEnvironmentFillsWhatIsUnset) {
-  struct Env {
-    Env() {
-      setenv("ACCELERATE_MIXED_PRECISION", "bf16", 1);
-      setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4", 1);
-      setenv("ACCELERATE_USE_CPU", "on", 1);
-    }
-    ~Env() {
-      for (const char* name : {"ACCELERATE_MIXED_PRECISION",
-                               "ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "ACCELERATE_USE_CPU"})
-        unsetenv(name);
-    }
-  } env;
+  using mixprec::testing::ScopedEnv;
+  ScopedEnv mixed("ACCELERATE_MIXED_PRECISION", "bf16"),
+      steps("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4"), cpu("ACCELERATE_USE_CPU", "on");
   Accelerator launched;
   EXPECT_EQ(launched.mixed_precision(), "bf16");
   EXPECT_EQ(launched.gradient_accumulation_steps(), 4);
@@ -527,9 +523,12 @@ TEST(Accelerator, LauncherEnvironmentFillsWhatIsUnset) {
             "Accelerator: unknown mixed_precision 'fp8' in ACCELERATE_MIXED_PRECISION; expected "
             "\"no\", \"fp16\" or \"bf16\"");
   unsetenv("ACCELERATE_MIXED_PRECISION");
-  setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", "4x", 1);
-  EXPECT_EQ(error_of([] { Accelerator(); }),
-            "Accelerator: ACCELERATE_GRADIENT_ACCUMULATION_STEPS is '4x', expected an integer");
+  for (const char* bad : {"4x", "0"}) {
+    setenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS", bad, 1);
+    EXPECT_EQ(error_of([] { Accelerator(); }),
+              std::string("Accelerator: ACCELERATE_GRADIENT_ACCUMULATION_STEPS is '") + bad +
+                  "', expected an integer >= 1");
+  }
   unsetenv("ACCELERATE_GRADIENT_ACCUMULATION_STEPS");
   setenv("ACCELERATE_USE_CPU", "maybe", 1);
   EXPECT_EQ(error_of([] { Accelerator(); }),

@@ -245,6 +245,19 @@ TEST(CheckpointWriter, KeepsWhatTheFolderHoldsBesideTheCheckpoint) {
   mixprec::io::CheckpointWriter(dir / ".").commit();  // an empty checkpoint
   EXPECT_FALSE(fs::exists(dir / "note.txt"));
   EXPECT_EQ(mixprec::io::read_file(dir / "runs" / "events"), "before after");
+  // A manifest that cannot be read no longer tells the checkpoint's files from the user's: the
+  // save is refused and the folder left as it was.
+  for (const std::string manifest : {"{not json", "[]"}) {
+    std::ofstream(dir / "checksums.json") << manifest;
+    mixprec::io::CheckpointWriter writer(dir);
+    writer.write_text("note.txt", "third");
+    const auto error = mixprec::testing::error_of([&] { writer.commit(); });
+    EXPECT_NE(error.find("so the earlier checkpoint's files cannot be told from the rest of"),
+              std::string::npos)
+        << error;
+    EXPECT_EQ(mixprec::io::read_file(dir / "checksums.json"), manifest);
+    EXPECT_TRUE(fs::exists(dir / "runs" / "events"));
+  }
   fs::remove_all(root);
 }
 

@@ -263,13 +263,12 @@ TEST_F(TrainerTest, ScaleStuckAtItsMinimumStopsTheRun) {
 // Neither fp16 nor bf16: the mixed precision `accelerate launch` set (ACCELERATE_MIXED_PRECISION),
 // as HF's TrainingArguments take it; either flag wins over it.
 TEST_F(TrainerTest, MixedPrecisionFromTheLauncherWhenNoFlagIsSet) {
-  setenv("ACCELERATE_MIXED_PRECISION", "bf16", 1);
+  mixprec::testing::ScopedEnv launcher("ACCELERATE_MIXED_PRECISION", "bf16");
   Classifier model;
   auto a = args("launched");
   Trainer launched(model, a, train_, eval_, accuracy);
   a.fp16 = true;
   Trainer flagged(model, a, train_, eval_, accuracy);
-  unsetenv("ACCELERATE_MIXED_PRECISION");
   EXPECT_EQ(launched.accelerator().mixed_precision(), "bf16");
   EXPECT_EQ(flagged.accelerator().mixed_precision(), "fp16");
 }

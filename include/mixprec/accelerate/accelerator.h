@@ -65,9 +65,9 @@ struct AcceleratorOptions {
   /// (autocast bf16). Unset, as Accelerate's: the ACCELERATE_MIXED_PRECISION environment
   /// variable (`accelerate launch --mixed_precision`), else "no".
   std::optional<std::string> mixed_precision = std::nullopt;
-  /// Unset: ACCELERATE_GRADIENT_ACCUMULATION_STEPS (`accelerate launch
-  /// --gradient_accumulation_steps`), else 1. A value given wins, as Accelerate's
-  /// GradientAccumulationPlugin does (its plain argument loses to the variable).
+  /// Unset: ACCELERATE_GRADIENT_ACCUMULATION_STEPS (which `accelerate launch` exports with
+  /// DeepSpeed), else 1. A value given wins, as Accelerate's GradientAccumulationPlugin does
+  /// (its plain argument loses to the variable).
   std::optional<int64_t> gradient_accumulation_steps = std::nullopt;
   /// Accelerate's GradientAccumulationPlugin: `accumulate()` at the end of a prepared loader
   /// makes a sync step, whatever the count (false: the window goes on into the next pass).
