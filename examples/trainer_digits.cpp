@@ -15,7 +15,6 @@
 #include <torch/torch.h>
 
 #include <algorithm>
-#include <cctype>
 #include <cstdio>
 #include <iostream>
 
@@ -63,8 +62,7 @@ int main(int argc, char** argv) {
       value = flags[i].substr(7);
     else
       continue;
-    std::ranges::transform(value, value.begin(), [](unsigned char c) { return std::tolower(c); });
-    bf16 = value == "true" || value == "yes" || value == "t" || value == "y" || value == "1";
+    bf16 = mixprec::train::string_to_bool(value).value_or(false);
   }
   if (!bf16) defaults.push_back("--fp16");
   if (std::find(flags.begin(), flags.end(), "--help") != flags.end()) {

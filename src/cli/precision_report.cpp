@@ -46,8 +46,9 @@ the same seed (same initial weights, same batches), with the numerics monitor
 on (numerics_monitor_steps, default 10), and writes report_dir/report.md with
 PNG plots: loss per precision, the fp16 loss scale, gradient underflow per
 tensor. It recommends a precision (bf16 mixed, else fp16, else fp32: the first
-whose final loss is within loss_tolerance of fp32's) and an fp16 init_scale. Keep max_steps small (the
-fp16 and fp32 runs are slow on CPUs without fast fp16).
+whose final loss is within loss_tolerance of fp32's) and an fp16 init_scale.
+Keep max_steps small (the fp16 and fp32 runs are slow on CPUs without fast
+fp16).
 
 )";
 

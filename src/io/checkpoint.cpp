@@ -497,6 +497,19 @@ void CheckpointWriter::write_tensors(const std::string& name, const TensorMap& t
 
 namespace {
 
+// A checkpoint's checksums.json: an object of {file: checksum}, else an error naming it.
+json read_manifest(const std::filesystem::path& manifest) {
+  json sums;
+  try {
+    sums = json::parse(read_file(manifest));
+  } catch (const json::exception& e) {
+    TORCH_CHECK(false, manifest.string(), ": malformed: ", e.what());
+  }
+  TORCH_CHECK(sums.is_object(), manifest.string(), ": expected an object of {file: checksum}, got ",
+              sums.type_name());
+  return sums;
+}
+
 // The files of an earlier checkpoint in `dir`, which its manifest names: a new save replaces
 // them whole (kept, an older save's optimizer or random states would be loaded with the new
 // weights). Only the manifest itself without one (a folder of the user's). A manifest that
@@ -505,21 +518,14 @@ std::set<std::string> checkpoint_files(const std::filesystem::path& dir) {
   std::set<std::string> names{"checksums.json"};
   const auto manifest = dir / "checksums.json";
   if (!std::filesystem::exists(manifest)) return names;
-  json sums;
   try {
-    sums = json::parse(read_file(manifest));
-  } catch (const std::exception& e) {
-    TORCH_CHECK(false, "CheckpointWriter: ", manifest.string(), " cannot be read (", e.what(),
-                "), so the earlier checkpoint's files cannot be told from the rest of ",
-                dir.string(), "; nothing was replaced. Remove it to save there.");
+    const json sums = read_manifest(manifest);  // named: items() only refers to it
+    for (const auto& [name, sum] : sums.items()) names.insert(name);
+  } catch (const c10::Error& e) {
+    TORCH_CHECK(false, "CheckpointWriter: ", e.what_without_backtrace(),
+                "; so the earlier checkpoint's files cannot be told from the rest of ",
+                dir.string(), ", and nothing was replaced. Remove it to save there.");
   }
-  TORCH_CHECK(sums.is_object(), "CheckpointWriter: ", manifest.string(),
-              " is not an object of {file: checksum}, so the earlier checkpoint's files cannot be "
-              "told from the rest of ",
-              dir.string(),
-              "; nothing was replaced. Remove it to save "
-              "there.");
-  for (const auto& [name, sum] : sums.items()) names.insert(name);
   return names;
 }
 
@@ -602,14 +608,7 @@ void verify_checkpoint(const std::filesystem::path& dir) {
   const auto manifest = dir / "checksums.json";
   TORCH_CHECK(std::filesystem::exists(manifest), dir.string(),
               ": no checksums.json: not a complete checkpoint");
-  json sums;
-  try {
-    sums = json::parse(read_file(manifest));
-  } catch (const json::exception& e) {
-    TORCH_CHECK(false, manifest.string(), ": malformed: ", e.what());
-  }
-  TORCH_CHECK(sums.is_object(), manifest.string(), ": expected an object of {file: checksum}, got ",
-              sums.type_name());
+  const json sums = read_manifest(manifest);
   for (const auto& [name, sum] : sums.items()) {
     // Only files of this folder: a name must not reach elsewhere ("../x",
     // "/dev/zero") or name the folder itself.

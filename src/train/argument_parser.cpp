@@ -100,14 +100,6 @@ json yaml_to_json(const YAML::Node& node, int depth, size_t& values) {
   }
 }
 
-// HF's string_to_bool: yes/no, true/false, t/f, y/n, 1/0, in any case; none: not one.
-std::optional<bool> bool_literal(std::string s) {
-  std::ranges::transform(s, s.begin(), [](unsigned char c) { return std::tolower(c); });
-  if (s == "yes" || s == "true" || s == "t" || s == "y" || s == "1") return true;
-  if (s == "no" || s == "false" || s == "f" || s == "n" || s == "0") return false;
-  return std::nullopt;
-}
-
 }  // namespace
 
 json parse_config_text(const std::string& text, bool yaml, const std::string& owner) {
@@ -196,7 +188,7 @@ void ArgumentParser::parse_args(const std::vector<std::string>& words) const {
     if (!a) unknown(key, " (command line)");
     if (eq != std::string::npos) {
     } else if (a->is_bool) {
-      if (i < words.size() && bool_literal(words[i])) values.push_back(words[i++]);
+      if (i < words.size() && string_to_bool(words[i])) values.push_back(words[i++]);
     } else if (a->is_list) {
       while (i < words.size() && !words[i].starts_with("--")) values.push_back(words[i++]);
     } else {
@@ -409,7 +401,7 @@ json to_json_value(const optim::SchedulerKwargs& field) {
 
 json words_value(const bool&, const std::vector<std::string>& words) {
   if (words.empty()) return true;
-  const auto value = bool_literal(words[0]);
+  const auto value = string_to_bool(words[0]);
   return value ? json(*value) : json(words[0]);  // a word that is none: refused as a string
 }
 json words_value(const std::string&, const std::vector<std::string>& words) {
@@ -445,3 +437,14 @@ json words_value(const AcceleratorConfig&, const std::vector<std::string>& words
 }
 
 }  // namespace mixprec::train::detail
+
+namespace mixprec::train {
+
+std::optional<bool> string_to_bool(std::string word) {
+  std::ranges::transform(word, word.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (word == "yes" || word == "true" || word == "t" || word == "y" || word == "1") return true;
+  if (word == "no" || word == "false" || word == "f" || word == "n" || word == "0") return false;
+  return std::nullopt;
+}
+
+}  // namespace mixprec::train

@@ -303,6 +303,10 @@ struct TrainingArguments {
   std::string to_json() const;
 };
 
+/// HF's string_to_bool (hf_argparser): yes/no, true/false, t/f, y/n, 1/0, in any case, as how a
+/// boolean flag's value is read; none for any other word.
+std::optional<bool> string_to_bool(std::string word);
+
 /// HF's _parse_optim_args: "a=1, b=2" as {a: "1", b: "2"} (none for unset or empty); an error
 /// for a pair without exactly one '='.
 std::map<std::string, std::string> parse_optim_args(const std::optional<std::string>& optim_args);
