@@ -63,7 +63,7 @@ int main(int argc, char** argv) {
       for (int64_t b = 0; b < batches; ++b) {
         auto idx =
             order.slice(0, (b * world + rank) * batch_size, (b * world + rank + 1) * batch_size);
-        auto guard = accelerator.accumulate();
+        auto guard = accelerator.accumulate(model);
         auto loss = torch::nn::functional::cross_entropy(
             model(train_set.images.index_select(0, idx)), train_set.labels.index_select(0, idx));
         accelerator.backward(loss);

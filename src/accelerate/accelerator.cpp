@@ -236,7 +236,9 @@ data::DataLoaderOptions Accelerator::prepared_loader_options(data::DataLoaderOpt
 
 PreparedDataLoader::PreparedDataLoader(std::shared_ptr<data::DataLoader> loader,
                                        std::shared_ptr<detail::Shared> shared)
-    : loader_(std::move(loader)), shared_(std::move(shared)) {}
+    : loader_(std::move(loader)),
+      shared_(std::move(shared)),
+      position_(std::make_shared<detail::LoaderPosition>()) {}
 
 PreparedDataLoader Accelerator::skip_first_batches(const PreparedDataLoader& loader,
                                                    size_t num_batches) const {
@@ -244,6 +246,7 @@ PreparedDataLoader Accelerator::skip_first_batches(const PreparedDataLoader& loa
               "Accelerator::skip_first_batches: ", num_batches, " batches to skip, but a pass has ",
               loader.loader_->size());
   PreparedDataLoader skipping = loader;
+  skipping.position_ = std::make_shared<detail::LoaderPosition>();  // a loader of its own
   skipping.skip_batches_ = num_batches;
   return skipping;
 }
@@ -271,9 +274,17 @@ void synchronize_rng_states(const detail::Shared& shared, const data::DataLoader
 
 }  // namespace
 
+void detail::Shared::show_active_loader() {
+  const auto active = loaders_in_pass.empty() ? nullptr : loaders_in_pass.back().lock();
+  gradient_state.end_of_dataloader = active && active->end_of_dataloader;
+  gradient_state.num_padding_samples = active ? active->num_padding_samples : 0;
+}
+
 PreparedDataLoader::Iterator PreparedDataLoader::begin() {
   synchronize_rng_states(*shared_, *loader_);
-  shared_->gradient_state.end_of_dataloader = false;
+  *position_ = {};
+  shared_->loaders_in_pass.push_back(position_);
+  shared_->show_active_loader();
   Iterator it;
   it.owner_ = this;
   it.it_ = loader_->begin_from(skip_batches_);
@@ -297,19 +308,25 @@ PreparedDataLoader::Iterator& PreparedDataLoader::Iterator::operator++() {
 // Takes the batch the loader is at, onto the device, and tells the gradient
 // state whether it is the last one.
 void PreparedDataLoader::Iterator::load() {
-  auto& state = owner_->shared_->gradient_state;
   auto& loader = *owner_->loader_;
   batch_.clear();
+  auto& shared = *owner_->shared_;
+  auto& position = *owner_->position_;
   if (it_ == loader.end()) {  // the pass is over: the next one is the next epoch
-    state.end_of_dataloader = false;
-    state.num_padding_samples = 0;
     loader.set_epoch(loader.epoch() + 1);
+    // As Accelerate's _remove_dataloader: the loader leaves the stack (with loaders gone).
+    std::erase_if(shared.loaders_in_pass, [&](const std::weak_ptr<detail::LoaderPosition>& p) {
+      const auto alive = p.lock();
+      return !alive || alive.get() == &position;
+    });
+    shared.show_active_loader();
     return;
   }
-  for (const auto& [key, t] : *it_) batch_[key] = t.to(owner_->shared_->device);
-  state.end_of_dataloader = loader.batches_yielded() == static_cast<int64_t>(loader.size());
-  state.num_padding_samples =
-      state.end_of_dataloader ? static_cast<int64_t>(loader.num_padding_samples()) : 0;
+  for (const auto& [key, t] : *it_) batch_[key] = t.to(shared.device);
+  position.end_of_dataloader = loader.batches_yielded() == static_cast<int64_t>(loader.size());
+  position.num_padding_samples =
+      position.end_of_dataloader ? static_cast<int64_t>(loader.num_padding_samples()) : 0;
+  shared.show_active_loader();
 }
 
 void Accelerator::register_for_checkpointing(Checkpointable& object) {
@@ -699,7 +716,7 @@ void Accelerator::backward(const at::Tensor& loss, const BackwardOptions& option
                                                        : std::nullopt);
 }
 
-Accelerator::AccumulateGuard Accelerator::accumulate() {
+bool Accelerator::begin_accumulation_step() {
   auto& state = shared_->gradient_state;
   if (shared_->options.sync_with_dataloader && state.end_of_dataloader) {
     shared_->step = 0;
@@ -708,12 +725,8 @@ Accelerator::AccumulateGuard Accelerator::accumulate() {
     ++shared_->step;
     state.sync_gradients = shared_->step % state.num_steps == 0;
   }
-  return AccumulateGuard();
+  return state.sync_gradients;
 }
-
-// Nothing to undo: whether a backward all-reduces is decided when the
-// prepared model's forward runs (DDP's require_backward_grad_sync).
-Accelerator::AccumulateGuard::~AccumulateGuard() = default;
 
 void Accelerator::unscale_gradients() {
   for (auto& [optimizer, flags] : shared_->optimizers) shared_->unscale(*optimizer, *flags);
@@ -935,18 +948,23 @@ at::Tensor Accelerator::reduce(const at::Tensor& tensor, const std::string& redu
       reduction == "sum" || reduction == "mean" || reduction == "max" || reduction == "none",
       "Accelerator::reduce: unknown reduction '", reduction,
       "'; expected \"sum\", \"mean\", \"max\" or \"none\"");
+  // As Accelerate's: in one process, the tensor as it is (an integer mean stays an integer);
+  // in several, the mean divides in place, which torch refuses for integers.
   at::Tensor result = tensor.clone();
-  if (shared_->group) shared_->group->all_reduce_(result, reduction == "max");
-  return reduction == "mean" ? result / num_processes() : result;
+  if (!shared_->group) return result;
+  shared_->group->all_reduce_(result, reduction == "max");
+  return reduction == "mean" ? result.div_(num_processes()) : result;
 }
 
 void Accelerator::init_trackers(const std::string& project_name,
                                 const std::optional<log::Config>& config) {
   if (!is_main_process()) return;
+  // As Accelerate's, a second call adds its trackers to those open; every open tracker
+  // stores the config.
   auto named =
       log::make_trackers(shared_->options.log_with,
                          std::filesystem::path(shared_->options.project_dir) / project_name);
-  shared_->trackers.assign(std::make_move_iterator(named.begin()),
+  shared_->trackers.insert(shared_->trackers.end(), std::make_move_iterator(named.begin()),
                            std::make_move_iterator(named.end()));
   shared_->trackers.insert(shared_->trackers.end(), shared_->options.custom_trackers.begin(),
                            shared_->options.custom_trackers.end());

@@ -260,6 +260,12 @@ struct DataPosition : accelerate::Checkpointable {
   }
 };
 
+// HF's accelerator_config.gradient_accumulation_kwargs.sync_each_batch.
+bool sync_each_batch(const TrainingArguments& args) {
+  const auto& kwargs = args.accelerator_config.gradient_accumulation_kwargs;
+  return kwargs && kwargs->sync_each_batch;
+}
+
 }  // namespace
 
 struct Trainer::Impl {
@@ -297,23 +303,33 @@ struct Trainer::Impl {
   // As HF's: num_items_in_batch is counted for a model taking it or a compute_loss_func.
   bool counts_items() const { return num_items_forward || compute_loss; }
 
-  // The model's output on a batch, as HF's compute_loss. With compute_loss or label_smoothing,
-  // the model runs without the labels and the loss comes from its outputs (HF's
-  // compute_loss_func, LabelSmoother). Else a model taking num_items_in_batch divides its loss by
-  // `num_items`. With `num_items`, as HF's with average_tokens_across_devices, the loss is
-  // multiplied by the `processes` whose gradients data parallel averages.
-  models::ModelOutput run(const data::Batch& batch, std::optional<int64_t> num_items,
-                          int64_t processes) const {
-    models::ModelOutput out;
-    const auto labels = batch.find("labels");
-    const bool has_labels = labels != batch.end();
-    if (compute_loss || (label_smoothing != 0 && has_labels)) {
+  // The model's output on a batch, as HF's compute_loss: its forward, which the caller runs
+  // under the mixed precision, then add_loss() outside it on the fp32 outputs (as Accelerate
+  // converts them). With compute_loss or label_smoothing, the model runs without the labels
+  // and the loss comes from its outputs (HF's compute_loss_func, LabelSmoother). Else a model
+  // taking num_items_in_batch divides its loss by `num_items`.
+  bool loss_from_outputs(const data::Batch& batch) const {
+    return compute_loss || (label_smoothing != 0 && batch.count("labels"));
+  }
+  models::ModelOutput model_outputs(const data::Batch& batch,
+                                    std::optional<int64_t> num_items) const {
+    if (loss_from_outputs(batch)) {
       data::Batch inputs = batch;
       inputs.erase("labels");
-      out = forward(inputs);
-      const at::Tensor label_ids = has_labels ? labels->second : at::Tensor();
+      return forward(inputs);
+    }
+    if (num_items && num_items_forward) return num_items_forward(batch, *num_items);
+    return forward(batch);
+  }
+  // With `num_items`, as HF's with average_tokens_across_devices, the loss is multiplied by the
+  // `processes` whose gradients data parallel averages.
+  void add_loss(models::ModelOutput& out, const data::Batch& batch,
+                std::optional<int64_t> num_items, int64_t processes) const {
+    if (loss_from_outputs(batch)) {
+      const auto labels = batch.find("labels");
+      const at::Tensor label_ids = labels != batch.end() ? labels->second : at::Tensor();
       if (compute_loss) {
-        if (!has_labels) {
+        if (!label_ids.defined()) {
           MIXPREC_WARN_ONCE(
               "Trainer: compute_loss_func is defined but the batch holds no labels; it is called "
               "with undefined labels");
@@ -326,13 +342,10 @@ struct Trainer::Impl {
         out.loss =
             label_smoothed_loss(out.logits, label_ids, label_smoothing, causal_lm(), num_items);
       }
-    } else if (num_items && num_items_forward) {
-      out = num_items_forward(batch, *num_items);
-    } else {
-      return forward(batch);
+    } else if (!num_items_forward) {
+      return;  // the model's own loss
     }
     if (num_items && processes > 1 && out.loss.defined()) out.loss = out.loss * processes;
-    return out;
   }
 
   // Labels keep their dtype: the loss and the metrics compare with them.
@@ -512,8 +525,7 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
       // As HF's: the Trainer divides each loss by its accumulation window's length itself
       // (shorter at an epoch's end) and says which micro-steps sync.
       .gradient_accumulation_steps = 1,
-      .sync_each_batch = args_.accelerator_config.gradient_accumulation_kwargs &&
-                         args_.accelerator_config.gradient_accumulation_kwargs->sync_each_batch,
+      .sync_each_batch = sync_each_batch(args_),
       .cpu = args_.use_cpu,
       // DeepSpeed's min_loss_scale: a run whose gradients overflow even at
       // scale 1 would skip every step from then on; it stops instead.
@@ -1016,10 +1028,15 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
       const data::Batch batch = std::move(window_batches[next_in_window++]);
       count_tokens_and_flos(batch, flos_parameters);
       acc.gradient_state().sync_gradients = step_in_epoch + 1 == window_start + window;
+      // As HF's: the window's other batches keep their gradients on each process (unless
+      // sync_each_batch).
+      std::optional<accelerate::Accelerator::GradSyncGuard> local;
+      if (!acc.sync_gradients() && !sync_each_batch(args_)) local.emplace(acc.no_sync(prepared));
       const data::Batch on_device = impl.to_device(batch, acc.device(), input_dtype, label_names);
       impl.module->train();
-      const models::ModelOutput out =
-          prepared.run([&] { return impl.run(on_device, num_items_in_batch, token_processes); });
+      models::ModelOutput out =
+          prepared.run([&] { return impl.model_outputs(on_device, num_items_in_batch); });
+      impl.add_loss(out, on_device, num_items_in_batch, token_processes);
       TORCH_CHECK(out.loss.defined(),
                   "Trainer: ", impl.compute_loss ? "compute_loss_func" : "the model",
                   " returned no loss; does the batch hold labels? (its keys: ",
@@ -1419,14 +1436,15 @@ PredictionOutput Trainer::prediction_loop(data::DatasetPtr dataset, const std::s
         impl.counts_items()
             ? count_label_tokens({&batch, 1}, acc, token_processes, impl.causal_lm())
             : std::nullopt;
+    // As HF's prediction_step: a batch without labels gets no compute_loss_func loss.
+    const bool with_loss = !impl.compute_loss || on_device.count("labels");
     models::ModelOutput out;
     {
       auto autocast = acc.autocast();
-      // As HF's prediction_step: a batch without labels gets no compute_loss_func loss.
-      out = impl.compute_loss && !on_device.count("labels")
-                ? impl.forward(on_device)
-                : impl.run(on_device, num_items, token_processes);
+      out = impl.model_outputs(on_device, num_items);
+      if (autocast) out = accelerate::detail::to_fp32(std::move(out));
     }
+    if (with_loss) impl.add_loss(out, on_device, num_items, token_processes);
     int64_t n = on_device.begin()->second.size(0);
     // Samples that only padded the ranks to equal shares are not counted (gather_for_metrics).
     const int64_t valid = n - (static_cast<size_t>(batches) == last

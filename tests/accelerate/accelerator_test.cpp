@@ -589,7 +589,8 @@ TEST(Accelerator, GatherForMetricsDropsThePaddingOfTheLastBatch) {
   const auto scalar = torch::tensor(1.5);  // a value, not samples: nothing to drop
   EXPECT_TRUE(torch::equal(accelerator.gather_for_metrics(scalar), scalar));
   EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "sum"), predictions));
-  EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "mean"), predictions.to(at::kFloat)));
+  // As Accelerate's in one process: the tensor as it is, an integer mean too.
+  EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "mean"), predictions));
 }
 
 TEST(Accelerator, ProcessInfoAndPrint) {
@@ -689,6 +690,19 @@ TEST(Accelerator, TrackersStoreTheConfigTakeTextAndAreFoundByName) {
   Accelerator again({.custom_trackers = {recording}, .project_dir = dir.string()});
   again.init_trackers("run2");
   EXPECT_EQ(recording->configs.size(), 1u);
+  // As Accelerate's, a second call adds trackers to those open, and the config goes to all.
+  Accelerator twice({.log_with = {"jsonl"}, .project_dir = dir.string()});
+  twice.init_trackers("first");
+  twice.init_trackers("second", config);
+  twice.log({{"loss", 0.5}}, 1);
+  twice.end_training();
+  for (const char* run : {"first", "second"}) {
+    std::ifstream log(dir / run / "log.jsonl");
+    std::string stored, logged;
+    ASSERT_TRUE(std::getline(log, stored) && std::getline(log, logged)) << run;
+    EXPECT_NE(stored.find(R"("config":)"), std::string::npos) << run << ": " << stored;
+    EXPECT_NE(logged.find(R"("loss":0.5)"), std::string::npos) << run << ": " << logged;
+  }
   std::filesystem::remove_all(dir);
 }
 
@@ -754,6 +768,40 @@ namespace {
 std::shared_ptr<mixprec::data::TensorDataset> numbers(int64_t n) {
   return std::make_shared<mixprec::data::TensorDataset>(
       std::map<std::string, at::Tensor>{{"x", torch::arange(n)}});
+}
+
+// As Accelerate's GradientState, which follows the active loader: an evaluation pass run on the
+// training loader's last batch, before its accumulate(), leaves that batch's end of data (and
+// sync step) in place; an evaluation's gather_for_metrics sees its own loader's padding.
+TEST(Accelerator, AnInnerLoaderPassLeavesTheOuterLoadersEndOfData) {
+  Accelerator accelerator({.gradient_accumulation_steps = 4});
+  auto train = accelerator.prepare_data_loader(numbers(6), {.batch_size = 2});
+  auto eval = accelerator.prepare_data_loader(numbers(3), {.batch_size = 2});
+  std::vector<bool> syncs, ends_in_eval;
+  for (const auto& batch : train) {
+    (void)batch;
+    for (const auto& eval_batch : eval) {
+      (void)eval_batch;
+      ends_in_eval.push_back(accelerator.gradient_state().end_of_dataloader);
+    }
+    auto guard = accelerator.accumulate();
+    syncs.push_back(accelerator.sync_gradients());
+  }
+  EXPECT_EQ(syncs, (std::vector<bool>{false, false, true}));
+  EXPECT_EQ(ends_in_eval, (std::vector<bool>{false, true, false, true, false, true}));
+  EXPECT_FALSE(accelerator.gradient_state().end_of_dataloader);  // no loader in a pass
+  // A loader left early stays the active one, as in Accelerate, until its next pass ends.
+  for (const auto& batch : eval) {
+    (void)batch;
+    break;
+  }
+  for (const auto& batch : train) {
+    (void)batch;
+    if (accelerator.gradient_state().end_of_dataloader) {
+      for (const auto& eval_batch : eval) (void)eval_batch;
+      EXPECT_TRUE(accelerator.gradient_state().end_of_dataloader);
+    }
+  }
 }
 
 TEST(Accelerator, PreparedDataLoaderEndsAccumulationAndResumesFromAState) {

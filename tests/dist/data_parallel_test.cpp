@@ -185,28 +185,38 @@ TEST_F(DataParallel, AnInfOnOneRankSkipsTheStepOnEveryRank) {
   EXPECT_DOUBLE_EQ(scheduler.get_last_lr()[0], 0.1 * (100 - 3 * fp16.num_processes()) / 100.0);
 }
 
-TEST_F(DataParallel, GradientsAllReduceOnlyOnSyncSteps) {
+// As Accelerate's accumulate(*models): the models passed keep their gradients on each rank
+// until the sync step; a model not passed all-reduces every backward.
+TEST_F(DataParallel, AccumulateKeepsThePassedModelsGradientsLocalUntilTheSyncStep) {
   Accelerator accumulating({.gradient_accumulation_steps = 2});
-  const int64_t rank = accumulating.process_index();
-  auto net = make_net();
+  auto net = make_net(), other_net = make_net();
   torch::optim::SGD sgd(net->parameters(), 0.1);
-  auto [model, optimizer] = accumulating.prepare(net, sgd);
-  torch::manual_seed(1 + rank);  // different data on each rank
-  auto first_grad = [&] { return net->parameters()[0].grad().clone(); };
+  auto [model, other, optimizer] = accumulating.prepare(net, other_net, sgd);
+  torch::manual_seed(1 + accumulating.process_index());  // different data on each rank
+  auto first_grad = [](const torch::nn::Sequential& m) {
+    return m->parameters()[0].grad().clone();
+  };
   {
-    auto guard = accumulating.accumulate();
-    accumulating.backward(model(torch::randn({4, 6})).sum());
+    auto guard = accumulating.accumulate(model);
+    accumulating.backward(model(torch::randn({4, 6})).sum() + other(torch::randn({4, 6})).sum());
   }
-  auto local = accumulating.gather(first_grad().unsqueeze(0));
+  auto local = accumulating.gather(first_grad(net).unsqueeze(0));
   EXPECT_FALSE(torch::equal(local[0], local[1]));  // no all-reduce: each rank's own
+  expect_same_on_every_rank(accumulating, first_grad(other_net));
   {
-    auto guard = accumulating.accumulate();
+    auto guard = accumulating.accumulate(model);
     accumulating.backward(model(torch::randn({4, 6})).sum());
   }
-  expect_same_on_every_rank(accumulating, first_grad());  // averaged over the ranks
+  expect_same_on_every_rank(accumulating, first_grad(net));  // averaged over the ranks
   optimizer.step();
   optimizer.zero_grad();
   expect_same_on_every_rank(accumulating, flat_params(*net));
+  {  // accumulate() with no model: an accumulation step that all-reduces
+    auto guard = accumulating.accumulate();
+    ASSERT_FALSE(accumulating.sync_gradients());
+    accumulating.backward(model(torch::randn({4, 6})).sum());
+  }
+  expect_same_on_every_rank(accumulating, first_grad(net));
 }
 
 // Accelerate's sync_each_batch: every micro-step all-reduces (after the first, the gradients are
@@ -222,7 +232,7 @@ TEST_F(DataParallel, SyncEachBatchAllReducesEveryMicroStep) {
     torch::manual_seed(1 + acc.process_index());  // different data on each rank
     const auto before = flat_params(*net).clone();
     for (int step = 0; step < 2; ++step) {
-      auto guard = acc.accumulate();
+      auto guard = acc.accumulate(model);
       acc.backward(model(torch::randn({4, 6})).sum());
       optimizer.step();
       optimizer.zero_grad();
@@ -242,7 +252,7 @@ TEST_F(DataParallel, SyncEachBatchAllReducesEveryMicroStep) {
     auto net = make_net();
     auto model = acc.prepare(net);
     torch::manual_seed(1 + acc.process_index());
-    auto guard = acc.accumulate();
+    auto guard = acc.accumulate(model);
     {
       auto local = acc.no_sync(model);
       acc.backward(model(torch::randn({4, 6})).sum());
@@ -937,7 +947,7 @@ TEST_F(DataParallel, TriggerSyncInBackwardSyncsAnAccumulationStep) {
   auto model = accumulating.prepare(net);
   torch::manual_seed(1 + accumulating.process_index());  // different data on each rank
   {
-    auto step = accumulating.accumulate();  // micro-step 1 of 2
+    auto step = accumulating.accumulate(model);  // micro-step 1 of 2
     ASSERT_FALSE(accumulating.sync_gradients());
     auto loss = model(torch::randn({4, 6})).sum();
     auto sync = accumulating.trigger_sync_in_backward(model);

@@ -11,6 +11,7 @@
 #include "test_util.h"
 
 #include <ATen/CPUGeneratorImpl.h>
+#include <ATen/autocast_mode.h>
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -1339,6 +1340,30 @@ TEST_F(TrainerTest, ComputeLossFuncLeavesBatchesWithoutLabelsAlone) {
   EXPECT_EQ(calls, 2);
   EXPECT_EQ(predicted.predictions.sizes(), (at::IntArrayRef{10, 3}));
   EXPECT_FALSE(predicted.metrics.count("test_loss"));
+}
+
+// As HF's compute_loss (its compute_loss_context_manager is empty): compute_loss_func runs on
+// the model's outputs as Accelerate gives them, fp32 under mixed precision, outside autocast.
+TEST_F(TrainerTest, ComputeLossFuncRunsOnFp32OutputsOutsideAutocast) {
+  auto a = args("compute_loss_fp32");
+  a.bf16 = true;
+  a.max_steps = 2;
+  a.eval_strategy = "steps";
+  a.eval_steps = 2;
+  a.save_strategy = "no";
+  Classifier model;
+  std::vector<std::pair<at::ScalarType, bool>> seen;  // logits' dtype, autocast on
+  auto loss = [&](const mixprec::models::ModelOutput& out, const at::Tensor& labels,
+                  std::optional<int64_t>) {
+    seen.emplace_back(out.logits.scalar_type(), at::autocast::is_autocast_enabled(at::kCPU));
+    return torch::nn::functional::cross_entropy(out.logits, labels);
+  };
+  Trainer(model, a, train_, eval_, {}, {}, {}, loss).train();
+  ASSERT_EQ(seen.size(), 4u);  // 2 steps, then 2 evaluation batches
+  for (const auto& [dtype, autocast] : seen) {
+    EXPECT_EQ(dtype, at::kFloat);
+    EXPECT_FALSE(autocast);
+  }
 }
 
 // HF's LabelSmoother, written out: per counted label, (1 - e) x -log p[label] + e x the mean of

@@ -132,7 +132,10 @@ struct AcceleratorOptions {
 };
 
 /// Accelerate's GradientState: whether this micro-step syncs (steps the
-/// optimizer), and where the prepared data loader stands.
+/// optimizer), and where the active prepared data loader stands. As in Accelerate, the active
+/// loader is the one whose pass began last and has not ended: a pass of another loader inside
+/// it (an evaluation on the training loader's last batch) leaves the outer loader's flags as
+/// they were when it ends. Outside every pass, end_of_dataloader is false.
 struct GradientState {
   bool sync_gradients = true;
   bool end_of_dataloader = false;
@@ -188,6 +191,11 @@ struct OptimizerFlags {
   bool step_was_skipped = false;
 };
 
+struct LoaderPosition {
+  bool end_of_dataloader = false;
+  int64_t num_padding_samples = 0;
+};
+
 // What an Accelerator and the objects it prepared share.
 struct Shared {
   AcceleratorOptions options;
@@ -203,6 +211,9 @@ struct Shared {
   std::vector<optim::LRScheduler*> schedulers;
   std::vector<Checkpointable*> custom_objects;
   std::vector<std::shared_ptr<data::DataLoader>> loaders;
+  // The prepared loaders in a pass, the active one last (Accelerate's dataloader_references,
+  // weak as theirs).
+  std::vector<std::weak_ptr<LoaderPosition>> loaders_in_pass;
   std::vector<std::shared_ptr<log::Tracker>> trackers;  // main process only
   std::shared_ptr<log::NumericsMonitor> monitor;        // when asked for
   bool trigger = false;                                 // set_trigger() on this process
@@ -212,6 +223,8 @@ struct Shared {
 
   int64_t num_processes() const { return group ? group->world_size() : 1; }
   void unscale(torch::optim::Optimizer& optimizer, OptimizerFlags& flags);
+  // gradient_state's end_of_dataloader and padding: the active loader's.
+  void show_active_loader();
 };
 
 // Accelerate's convert_outputs_to_fp32 (recursive_apply): through tuples, pairs, vectors,
@@ -381,8 +394,9 @@ class PreparedModel {
     if (reducer_) {
       std::vector<at::Tensor> tensors;
       if (reducer_->options().find_unused_parameters) detail::collect_tensors(outputs, tensors);
-      reducer_->after_forward(
-          shared_->gradient_state.sync_gradients || shared_->options.sync_each_batch, tensors);
+      // Whether the backward all-reduces is the model's require_backward_grad_sync, which
+      // accumulate(model) and no_sync(model) set, as DDP's.
+      reducer_->after_forward(/*sync_gradients=*/true, tensors);
     }
     return outputs;
   }
@@ -391,7 +405,7 @@ class PreparedModel {
   M unwrap() const { return module_; }
 
  private:
-  friend class Accelerator;  // no_sync
+  friend class Accelerator;  // accumulate, no_sync
   M module_;
   std::shared_ptr<detail::Shared> shared_;
   std::shared_ptr<dist::GradientReducer> reducer_;  // null in one process, or nothing trained
@@ -472,6 +486,9 @@ class PreparedDataLoader {
   friend class Accelerator;  // skip_first_batches
   std::shared_ptr<data::DataLoader> loader_;
   std::shared_ptr<detail::Shared> shared_;
+  // This loader's end_of_dataloader and padding (Accelerate's DataLoaderShard's own), which
+  // the gradient state shows while the loader is the active one.
+  std::shared_ptr<detail::LoaderPosition> position_;
   size_t skip_batches_ = 0;
 };
 
@@ -482,7 +499,7 @@ class PreparedDataLoader {
 /// mixprec::Accelerator accelerator({.mixed_precision = "fp16"});
 /// auto [model, optimizer, scheduler] = accelerator.prepare(net, adamw, lr_scheduler);
 /// for (auto& [x, y] : batches) {
-///   auto guard = accelerator.accumulate();
+///   auto guard = accelerator.accumulate(model);
 ///   auto loss = torch::nn::functional::cross_entropy(model(x), y);
 ///   accelerator.backward(loss);
 ///   optimizer.step();
@@ -550,20 +567,6 @@ class Accelerator {
   void backward(const at::Tensor& loss, const BackwardOptions& options);
   void backward(const at::Tensor& loss) { backward(loss, BackwardOptions{}); }
 
-  /// Guard for one micro-step of gradient accumulation: sets sync_gradients
-  /// for it (every gradient_accumulation_steps-th step, and at the end of the
-  /// prepared data loader).
-  class AccumulateGuard {
-   public:
-    ~AccumulateGuard();
-    AccumulateGuard(const AccumulateGuard&) = delete;
-    AccumulateGuard& operator=(const AccumulateGuard&) = delete;
-
-   private:
-    friend class Accelerator;
-    AccumulateGuard() = default;
-  };
-  [[nodiscard]] AccumulateGuard accumulate();
   /// Accelerate's no_sync(model): while the guard lives, the backward passes of
   /// `model`'s forwards keep their gradients on each process (no all-reduce; DDP's
   /// no_sync), to accumulate them by hand. A no-op in one process.
@@ -572,8 +575,11 @@ class Accelerator {
     ~GradSyncGuard() {
       if (reducer_) reducer_->set_require_backward_grad_sync(previous_);
     }
-    GradSyncGuard(const GradSyncGuard&) = delete;
-    GradSyncGuard& operator=(const GradSyncGuard&) = delete;
+    GradSyncGuard(GradSyncGuard&& other) noexcept
+        : reducer_(std::move(other.reducer_)), previous_(other.previous_) {
+      other.reducer_ = nullptr;
+    }
+    GradSyncGuard& operator=(GradSyncGuard&&) = delete;
 
    private:
     friend class Accelerator;
@@ -586,6 +592,30 @@ class Accelerator {
     std::shared_ptr<dist::GradientReducer> reducer_;
     bool previous_ = true;
   };
+  /// Accelerate's accumulate(*models): guard for one micro-step of gradient accumulation. It
+  /// sets sync_gradients for the step (every gradient_accumulation_steps-th, and the last batch
+  /// of the active prepared loader), and on the other steps keeps the gradients of `models`
+  /// on each process while it lives (no_sync; not with sync_each_batch). As in Accelerate,
+  /// the models not passed all-reduce on every backward: pass the models trained in the loop.
+  class AccumulateGuard {
+   public:
+    AccumulateGuard(AccumulateGuard&&) = default;
+    ~AccumulateGuard() {  // last in, first out: a model passed twice ends as it was
+      while (!no_sync_.empty()) no_sync_.pop_back();
+    }
+
+   private:
+    friend class Accelerator;
+    AccumulateGuard() = default;
+    std::vector<GradSyncGuard> no_sync_;
+  };
+  template <ModuleHandle... Ms>
+  [[nodiscard]] AccumulateGuard accumulate(const PreparedModel<Ms>&... models) {
+    AccumulateGuard guard;
+    if (!begin_accumulation_step() && !shared_->options.sync_each_batch)
+      (guard.no_sync_.push_back(GradSyncGuard(models.reducer_, false)), ...);
+    return guard;
+  }
   template <ModuleHandle M>
   [[nodiscard]] GradSyncGuard no_sync(const PreparedModel<M>& model) const {
     return GradSyncGuard(model.reducer_, false);
@@ -856,6 +886,8 @@ class Accelerator {
   };
   Share share(size_t size, bool apply_padding) const;
   std::filesystem::path checkpoints_dir() const;
+  // Accelerate's _do_sync: counts the micro-step and sets sync_gradients; returns it.
+  bool begin_accumulation_step();
   // Runs `write` on the main process (each node's with project_config.save_on_each_node); then
   // every process learns whether one failed, and throws if so (a barrier would leave the others
   // waiting out the process group's timeout).
