@@ -170,7 +170,9 @@ std::shared_ptr<dist::GradientReducer> Accelerator::distribute(torch::nn::Module
 }
 
 void Accelerator::watch_numerics(torch::nn::Module& module) {
-  if (shared_->options.numerics_monitor && !shared_->monitor)
+  // The first prepared model's, also the first after free_memory() (until then, the last
+  // run's figures stay readable).
+  if (shared_->options.numerics_monitor && shared_->models.size() == 1)
     shared_->monitor = std::make_shared<log::NumericsMonitor>(module.named_parameters().pairs(),
                                                               *shared_->options.numerics_monitor);
 }

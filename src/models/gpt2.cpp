@@ -295,6 +295,14 @@ torch::Tensor GPT2ModelImpl::forward(const torch::Tensor& input_ids) {
   const int64_t T = input_ids.size(1);
   TORCH_CHECK(T >= 1 && T <= n_positions_, "GPT-2: sequence length ", T,
               " is outside [1, n_positions = ", n_positions_, "]");
+  {  // LibTorch's embedding says only "index out of range in self" (on CUDA, a device assert)
+    const auto [lo, hi] = at::aminmax(input_ids);
+    const auto range = at::stack({lo, hi}).cpu();
+    const int64_t min_id = range[0].item<int64_t>(), max_id = range[1].item<int64_t>();
+    const int64_t V = wte->weight.size(0);
+    TORCH_CHECK(min_id >= 0 && max_id < V, "GPT-2: token id ", min_id < 0 ? min_id : max_id,
+                " in input_ids is out of range: vocab_size is ", V, " (ids in [0, ", V, "))");
+  }
   auto pos = torch::arange(T, input_ids.options());  // (T)
   auto embeddings = wte(input_ids);                  // (B, T, C)
   if (neftune_noise_alpha_ && wte->is_training())

@@ -591,6 +591,7 @@ TEST(Accelerator, GatherForMetricsDropsThePaddingOfTheLastBatch) {
   EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "sum"), predictions));
   // As Accelerate's in one process: the tensor as it is, an integer mean too.
   EXPECT_TRUE(torch::equal(accelerator.reduce(predictions, "mean"), predictions));
+  EXPECT_EQ(accelerator.reduce(predictions, "mean").scalar_type(), at::kLong);
 }
 
 TEST(Accelerator, ProcessInfoAndPrint) {
@@ -772,7 +773,7 @@ std::shared_ptr<mixprec::data::TensorDataset> numbers(int64_t n) {
 
 // As Accelerate's GradientState, which follows the active loader: an evaluation pass run on the
 // training loader's last batch, before its accumulate(), leaves that batch's end of data (and
-// sync step) in place; an evaluation's gather_for_metrics sees its own loader's padding.
+// sync step) in place.
 TEST(Accelerator, AnInnerLoaderPassLeavesTheOuterLoadersEndOfData) {
   Accelerator accelerator({.gradient_accumulation_steps = 4});
   auto train = accelerator.prepare_data_loader(numbers(6), {.batch_size = 2});
@@ -795,13 +796,14 @@ TEST(Accelerator, AnInnerLoaderPassLeavesTheOuterLoadersEndOfData) {
     (void)batch;
     break;
   }
+  std::vector<bool> ends;
   for (const auto& batch : train) {
     (void)batch;
-    if (accelerator.gradient_state().end_of_dataloader) {
-      for (const auto& eval_batch : eval) (void)eval_batch;
-      EXPECT_TRUE(accelerator.gradient_state().end_of_dataloader);
-    }
+    ends.push_back(accelerator.gradient_state().end_of_dataloader);
+    for (const auto& eval_batch : eval) (void)eval_batch;
+    ends.push_back(accelerator.gradient_state().end_of_dataloader);
   }
+  EXPECT_EQ(ends, (std::vector<bool>{false, false, false, false, true, true}));
 }
 
 TEST(Accelerator, PreparedDataLoaderEndsAccumulationAndResumesFromAState) {
@@ -1027,6 +1029,25 @@ TEST(Accelerator, FreeMemoryKeepsRegisteredObjects) {
   accelerator.load_state(dir.string());
   EXPECT_EQ(counter.value, 5);
   std::filesystem::remove_all(dir);
+}
+
+// After free_memory(), the numerics monitor watches the next prepared model, not the forgotten.
+TEST(Accelerator, FreeMemoryMovesTheNumericsMonitorToTheNextModel) {
+  Accelerator accelerator(
+      {.numerics_monitor = mixprec::log::NumericsMonitorOptions{.every_n_steps = 1}});
+  auto first = accelerator.prepare(torch::nn::Linear(3, 2));
+  (void)first;
+  accelerator.free_memory();
+  torch::nn::Sequential net(torch::nn::Linear(3, 4), torch::nn::Linear(4, 2));
+  torch::optim::SGD sgd(net->parameters(), 0.1);
+  auto [model, optimizer] = accelerator.prepare(net, sgd);
+  accelerator.backward(model->forward(torch::randn({2, 3})).sum());
+  optimizer.step();
+  ASSERT_NE(accelerator.numerics_monitor(), nullptr);
+  ASSERT_EQ(accelerator.numerics_monitor()->records().size(), 1u);
+  const auto& gradients = accelerator.numerics_monitor()->records()[0].gradients;
+  ASSERT_EQ(gradients.size(), 4u);
+  EXPECT_EQ(gradients[2].first, "1.weight");
 }
 
 // What a registered object rejects on load is an error naming its file.

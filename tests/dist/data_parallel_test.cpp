@@ -487,7 +487,7 @@ TEST_F(DataParallel, FindUnusedParametersAllReducesWhatSomeRanksDoNotUse) {
 }
 
 // DDP's broadcast_buffers: before a forward that follows a synced one (the first included), the
-// buffers become rank 0's; a forward without gradients or on an accumulation step is not synced,
+// buffers become rank 0's; a forward without gradients or under no_sync is not synced,
 // so the next does not. (Rank 0's values are the same either way; rank 1's tell.)
 TEST_F(DataParallel, BroadcastBuffersSetsThemToRankZerosBeforeASyncedForward) {
   const int64_t rank = accelerator.process_index();

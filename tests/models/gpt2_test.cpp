@@ -408,6 +408,10 @@ TEST_F(GPT2, RejectsBadInputs) {
                "input_ids must be (B, T), got shape [4]");
   EXPECT_ERROR(model->forward(torch::zeros({0, 4}, torch::kLong)),
                "input_ids holds no sequence (shape [0, 4])");
+  EXPECT_ERROR(model->forward(torch::tensor({{1, 32, 2}})),
+               "token id 32 in input_ids is out of range: vocab_size is 32 (ids in [0, 32))");
+  EXPECT_ERROR(model->forward(torch::tensor({{1, -1, 40}})), "token id -1 in input_ids");
+  EXPECT_ERROR(model->generate(torch::tensor({{1, 33}}), 2), "token id 33 in input_ids");
   EXPECT_ERROR(GPT2LMHeadModel(GPT2Config{.n_embd = 10, .n_head = 3}), "not divisible by n_head 3");
 }
 

@@ -72,8 +72,9 @@ struct AcceleratorOptions {
   /// Accelerate's GradientAccumulationPlugin: `accumulate()` at the end of a prepared loader
   /// makes a sync step, whatever the count (false: the window goes on into the next pass).
   bool sync_with_dataloader = true;
-  /// Data parallel: all-reduce the gradients after every micro-step's backward, not only on
-  /// sync steps (the optimizer still steps on sync steps only; no_sync() still wins). More
+  /// Data parallel: the models passed to accumulate() all-reduce their gradients after every
+  /// micro-step's backward, not only on sync steps (the optimizer still steps on sync steps
+  /// only; no_sync() still wins). More
   /// communication, the same result up to rounding: Accelerate's memory saving is FSDP's,
   /// whose unsynced gradients are unsharded.
   bool sync_each_batch = false;
@@ -362,8 +363,9 @@ concept ModuleHandle = requires(M m) {
 /// them: C++ cannot patch a method, so the module called directly
 /// (`model->forward`, `unwrap_model(model)`) runs as it would unprepared
 /// (under `accelerator.autocast()` for the mixed precision). In data
-/// parallel, a forward with gradients on a sync step arms the gradient
-/// all-reduce of the backward that follows, as DDP's forward does.
+/// parallel, a forward with gradients arms the gradient all-reduce of the
+/// backward that follows, as DDP's forward does, unless it runs under
+/// `no_sync(model)` or, on an accumulation step, `accumulate(model)`.
 template <ModuleHandle M>
 class PreparedModel {
  public:
@@ -597,6 +599,9 @@ class Accelerator {
   /// of the active prepared loader), and on the other steps keeps the gradients of `models`
   /// on each process while it lives (no_sync; not with sync_each_batch). As in Accelerate,
   /// the models not passed all-reduce on every backward: pass the models trained in the loop.
+  /// Guards (this one, no_sync's) must end in the reverse order of their making, as Python's
+  /// `with` blocks do: a guard made before an earlier one ends (say, reassigning a
+  /// std::optional with emplace) restores the wrong state.
   class AccumulateGuard {
    public:
     AccumulateGuard(AccumulateGuard&&) = default;
@@ -621,9 +626,10 @@ class Accelerator {
     return GradSyncGuard(model.reducer_, false);
   }
   /// Accelerate's trigger_sync_in_backward(model): the next backward of `model` all-reduces,
-  /// though its forward ran where gradients stay local (an accumulation step, no_sync). A
-  /// no-op in one process. With `ddp.find_unused_parameters` it is an error: it has no outputs
-  /// to search from (Accelerate's then takes every parameter as unused).
+  /// though its forward ran where gradients stay local (no_sync, or accumulate(model) on an
+  /// accumulation step). A no-op in one process. With `ddp.find_unused_parameters` it is an
+  /// error: it has no outputs to search from (Accelerate's then takes every parameter as
+  /// unused).
   template <ModuleHandle M>
   [[nodiscard]] GradSyncGuard trigger_sync_in_backward(const PreparedModel<M>& model) const {
     TORCH_CHECK(!model.reducer_ || !model.reducer_->options().find_unused_parameters,
@@ -761,7 +767,9 @@ class Accelerator {
   /// data loader to an even split.
   at::Tensor gather_for_metrics(const at::Tensor& tensor) const;
   /// Sums ("sum"), averages ("mean") or takes the maximum ("max") of `tensor` over the
-  /// processes. "none" sums too, as Accelerate's (its all-reduce is a sum unless "max").
+  /// processes. "none" sums too, as Accelerate's (its all-reduce is a sum unless "max"). As
+  /// Accelerate's, one process gets `tensor` back as it is, and "mean" divides in place, so an
+  /// integer tensor's mean is an error with several processes.
   at::Tensor reduce(const at::Tensor& tensor, const std::string& reduction = "sum") const;
   /// Accelerate's pad_across_processes: `tensor` padded along `dim` to the longest of the
   /// processes' tensors (every process must call it), with `pad_index` after the data, or
@@ -866,7 +874,8 @@ class Accelerator {
   void end_training();
   /// Accelerate's free_memory(): forgets every prepared model, optimizer, scheduler and
   /// data loader (save_state() saves none of them after it), and restarts the accumulation
-  /// count. What was prepared before must not be used with it again. Objects registered for
+  /// count; the numerics monitor, if any, moves to the next prepared model. What was prepared
+  /// before must not be used with it again. Objects registered for
   /// checkpointing stay registered, as in Accelerate. Then clears the device cache.
   void free_memory();
 
