@@ -28,6 +28,7 @@
 #include <regex>
 #include <set>
 #include <span>
+#include <unordered_set>
 
 #include <signal.h>
 
@@ -286,6 +287,11 @@ struct Trainer::Impl {
   detail::MemoryTracker memory{false};            // on without args' skip_memory_metrics
   std::shared_ptr<data::DataLoader> eval_loader;  // the last evaluation's, for kwargs()
   bool trackers_open = false;
+  // set_optimizers()'s, and the optimizer's lrs as given: a schedule made on it starts from
+  // them (PyTorch's initial_lr), not from where an earlier run's schedule left them.
+  std::shared_ptr<torch::optim::Optimizer> given_optimizer;
+  std::shared_ptr<optim::LRScheduler> given_schedule;
+  std::vector<double> initial_lrs;
 
   // The dtype of the first 16-bit parameter, if any. A model whose parameters
   // are 16-bit (pure bf16, *_full_eval) gets its floating inputs in that dtype,
@@ -561,6 +567,29 @@ Trainer::Trainer(std::shared_ptr<torch::nn::Module> module, BatchForward forward
 
 Trainer::~Trainer() = default;
 
+void Trainer::set_optimizers(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                             std::shared_ptr<optim::LRScheduler> lr_scheduler) {
+  TORCH_CHECK(optimizer || !lr_scheduler,
+              "Trainer::set_optimizers: a scheduler needs its optimizer, given none");
+  TORCH_CHECK(!lr_scheduler || &lr_scheduler->optimizer() == optimizer.get(),
+              "Trainer::set_optimizers: the scheduler was made for another optimizer");
+  if (optimizer) {
+    std::unordered_set<const c10::TensorImpl*> parameters;
+    for (const auto& p : impl_->module->parameters()) parameters.insert(p.unsafeGetTensorImpl());
+    for (const auto& group : optimizer->param_groups())
+      for (const auto& p : group.params())
+        TORCH_CHECK(parameters.count(p.unsafeGetTensorImpl()),
+                    "Trainer::set_optimizers: the optimizer holds a tensor of shape ", p.sizes(),
+                    " that is not a parameter of the model");
+  }
+  impl_->initial_lrs.clear();
+  if (optimizer)
+    for (const auto& group : optimizer->param_groups())
+      impl_->initial_lrs.push_back(group.options().get_lr());
+  impl_->given_optimizer = std::move(optimizer);
+  impl_->given_schedule = std::move(lr_scheduler);
+}
+
 void Trainer::add_callback(std::shared_ptr<TrainerCallback> callback) {
   impl_->callbacks.push_back(std::move(callback));
 }
@@ -709,81 +738,92 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
   // The optimizer and schedule of args, on the trained parameters.
   const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
   const auto label_names = label_names_of(args_);
-  std::vector<at::Tensor> decay, no_decay;
-  {
-    const auto names = get_decay_parameter_names();
-    const std::set<std::string> decayed(names.begin(), names.end());
-    for (const auto& p : impl.module->named_parameters())
-      if (p.value().requires_grad())
-        (decayed.count(p.key()) ? decay : no_decay).push_back(p.value());
-  }
-  std::vector<torch::optim::OptimizerParamGroup> groups;
-  std::unique_ptr<torch::optim::Optimizer> optimizer;
-  auto optim_args = parse_optim_args(args_.optim_args);
-  if (args_.optim == "sgd") {
-    // As HF's _get_sgd: optim_args are the defaults, whose weight_decay each group overrides.
-    // So it is read and not set: LibTorch's param groups take the defaults' value for an option
-    // at its default (weight decay 0 in the group without decay).
-    auto options = torch::optim::SGDOptions(args_.learning_rate);
-    auto number = [&](const char* key) {
-      const auto it = optim_args.find(key);
-      if (it == optim_args.end()) return std::optional<double>();
-      // As Python's float() (less its "_" between digits): no hexadecimal, a "+" allowed.
-      const std::string& text = it->second;
-      const char* begin = text.c_str() + (text.starts_with('+') ? 1 : 0);
-      double value = 0;
-      const auto [end, error] = std::from_chars(begin, text.c_str() + text.size(), value);
-      TORCH_CHECK(!text.empty() && error == std::errc() && end == text.c_str() + text.size(),
-                  "Trainer: optim_args' ", key, " must be a number, got '", text, "'");
-      optim_args.erase(it);
-      return std::optional(value);
-    };
-    if (auto v = number("momentum")) options.momentum(*v);
-    if (auto v = number("dampening")) options.dampening(*v);
-    number("weight_decay");
-    if (auto it = optim_args.find("nesterov"); it != optim_args.end()) {
-      std::string value = it->second;
-      std::transform(value.begin(), value.end(), value.begin(),
-                     [](unsigned char c) { return std::tolower(c); });
-      options.nesterov(value == "true" || value == "1" || value == "yes");
-      optim_args.erase(it);
+  std::unique_ptr<torch::optim::Optimizer> optimizer;  // args', unless one was given
+  if (!impl.given_optimizer) {
+    std::vector<at::Tensor> decay, no_decay;
+    {
+      const auto names = get_decay_parameter_names();
+      const std::set<std::string> decayed(names.begin(), names.end());
+      for (const auto& p : impl.module->named_parameters())
+        if (p.value().requires_grad())
+          (decayed.count(p.key()) ? decay : no_decay).push_back(p.value());
     }
-    groups.emplace_back(decay,
-                        std::make_unique<torch::optim::SGDOptions>(
-                            torch::optim::SGDOptions(options).weight_decay(args_.weight_decay)));
-    groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(
-                                      torch::optim::SGDOptions(options).weight_decay(0.0)));
-    optimizer = std::make_unique<torch::optim::SGD>(groups, options);
-  } else {
-    // A model whose parameters are bf16 trains pure bf16 (no fp32 master copy):
-    // its updates are rounded stochastically, so those below half a bf16 ulp
-    // still count on average (round-to-nearest would drop them).
-    const bool pure_bf16 = input_dtype == at::kBFloat16;
-    auto options = optim::AdamWOptions(args_.learning_rate)
-                       .betas({args_.adam_beta1, args_.adam_beta2})
-                       .eps(args_.adam_epsilon)
-                       .fused(args_.optim == "adamw_torch_fused" && !pure_bf16)
-                       .stochastic_rounding(pure_bf16);
-    groups.emplace_back(decay, std::make_unique<optim::AdamWOptions>(
-                                   optim::AdamWOptions(options).weight_decay(args_.weight_decay)));
-    groups.emplace_back(no_decay, std::make_unique<optim::AdamWOptions>(
-                                      optim::AdamWOptions(options).weight_decay(0.0)));
-    optimizer = std::make_unique<optim::AdamW>(groups, options);
+    std::vector<torch::optim::OptimizerParamGroup> groups;
+    auto optim_args = parse_optim_args(args_.optim_args);
+    if (args_.optim == "sgd") {
+      // As HF's _get_sgd: optim_args are the defaults, whose weight_decay each group overrides.
+      // So it is read and not set: LibTorch's param groups take the defaults' value for an option
+      // at its default (weight decay 0 in the group without decay).
+      auto options = torch::optim::SGDOptions(args_.learning_rate);
+      auto number = [&](const char* key) {
+        const auto it = optim_args.find(key);
+        if (it == optim_args.end()) return std::optional<double>();
+        // As Python's float() (less its "_" between digits): no hexadecimal, a "+" allowed.
+        const std::string& text = it->second;
+        const char* begin = text.c_str() + (text.starts_with('+') ? 1 : 0);
+        double value = 0;
+        const auto [end, error] = std::from_chars(begin, text.c_str() + text.size(), value);
+        TORCH_CHECK(!text.empty() && error == std::errc() && end == text.c_str() + text.size(),
+                    "Trainer: optim_args' ", key, " must be a number, got '", text, "'");
+        optim_args.erase(it);
+        return std::optional(value);
+      };
+      if (auto v = number("momentum")) options.momentum(*v);
+      if (auto v = number("dampening")) options.dampening(*v);
+      number("weight_decay");
+      if (auto it = optim_args.find("nesterov"); it != optim_args.end()) {
+        std::string value = it->second;
+        std::transform(value.begin(), value.end(), value.begin(),
+                       [](unsigned char c) { return std::tolower(c); });
+        options.nesterov(value == "true" || value == "1" || value == "yes");
+        optim_args.erase(it);
+      }
+      groups.emplace_back(decay,
+                          std::make_unique<torch::optim::SGDOptions>(
+                              torch::optim::SGDOptions(options).weight_decay(args_.weight_decay)));
+      groups.emplace_back(no_decay, std::make_unique<torch::optim::SGDOptions>(
+                                        torch::optim::SGDOptions(options).weight_decay(0.0)));
+      optimizer = std::make_unique<torch::optim::SGD>(groups, options);
+    } else {
+      // A model whose parameters are bf16 trains pure bf16 (no fp32 master copy):
+      // its updates are rounded stochastically, so those below half a bf16 ulp
+      // still count on average (round-to-nearest would drop them).
+      const bool pure_bf16 = input_dtype == at::kBFloat16;
+      auto options = optim::AdamWOptions(args_.learning_rate)
+                         .betas({args_.adam_beta1, args_.adam_beta2})
+                         .eps(args_.adam_epsilon)
+                         .fused(args_.optim == "adamw_torch_fused" && !pure_bf16)
+                         .stochastic_rounding(pure_bf16);
+      groups.emplace_back(decay,
+                          std::make_unique<optim::AdamWOptions>(
+                              optim::AdamWOptions(options).weight_decay(args_.weight_decay)));
+      groups.emplace_back(no_decay, std::make_unique<optim::AdamWOptions>(
+                                        optim::AdamWOptions(options).weight_decay(0.0)));
+      optimizer = std::make_unique<optim::AdamW>(groups, options);
+    }
+    // HF ignores them silently.
+    if (!optim_args.empty())
+      MIXPREC_WARN("Trainer: optim ", args_.optim, " does not read optim_args' ",
+                   c10::Join(", ", keys_of(optim_args)),
+                   "; only sgd reads some (momentum, dampening, weight_decay, nesterov)");
   }
-  // HF ignores them silently.
-  if (!optim_args.empty())
-    MIXPREC_WARN("Trainer: optim ", args_.optim, " does not read optim_args' ",
-                 c10::Join(", ", keys_of(optim_args)),
-                 "; only sgd reads some (momentum, dampening, weight_decay, nesterov)");
-  optim::SchedulerOptions schedule_options{
-      .num_warmup_steps = absolute_steps(args_.warmup_steps, max_steps),
-      .num_training_steps = max_steps};
-  if (args_.lr_scheduler_kwargs)
-    optim::set_scheduler_kwargs(schedule_options, args_.lr_scheduler_type,
-                                *args_.lr_scheduler_kwargs);
-  auto schedule = optim::get_scheduler(args_.lr_scheduler_type, *optimizer, schedule_options);
+  torch::optim::Optimizer& stepped = impl.given_optimizer ? *impl.given_optimizer : *optimizer;
+  std::optional<optim::LRScheduler> made_schedule;  // args', unless one was given
+  if (!impl.given_schedule) {
+    optim::SchedulerOptions schedule_options{
+        .num_warmup_steps = absolute_steps(args_.warmup_steps, max_steps),
+        .num_training_steps = max_steps};
+    if (args_.lr_scheduler_kwargs)
+      optim::set_scheduler_kwargs(schedule_options, args_.lr_scheduler_type,
+                                  *args_.lr_scheduler_kwargs);
+    if (impl.given_optimizer)
+      for (size_t g = 0; g < impl.initial_lrs.size(); ++g)
+        stepped.param_groups()[g].options().set_lr(impl.initial_lrs[g]);
+    made_schedule.emplace(optim::get_scheduler(args_.lr_scheduler_type, stepped, schedule_options));
+  }
+  optim::LRScheduler& schedule = impl.given_schedule ? *impl.given_schedule : *made_schedule;
   auto prepared = acc.prepare(impl.module);
-  auto accelerated = acc.prepare(*optimizer);
+  auto accelerated = acc.prepare(stepped);
   acc.prepare(schedule);  // for save_state and load_state only: stepped below, as HF's Trainer
   auto& position = impl.position;
   position.state = {};
@@ -864,7 +904,7 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
   }
   open_trackers();
 
-  const Impl::Training training(impl.kwargs, *optimizer, schedule, loader);
+  const Impl::Training training(impl.kwargs, stepped, schedule, loader);
   impl.in_train = true;
   impl.control = {};
   if (resume_from_checkpoint && args_.restore_callback_states_from_checkpoint)

@@ -427,6 +427,94 @@ TEST_F(TrainerTest, ResumeFromCheckpointMatchesAnUninterruptedRun) {
   }
 }
 
+// HF's optimizers=(optimizer, lr_scheduler): the Trainer steps the optimizer given, with the
+// schedule given or args' made on it from the lrs it was given with; a checkpoint resumes its
+// state; what does not fit the model is refused.
+TEST_F(TrainerTest, SetOptimizersTrainsWithTheGivenOptimizerAndSchedule) {
+  auto a = args("given");
+  a.max_steps = 6;
+  a.eval_strategy = "no";
+  a.save_strategy = "steps";
+  a.save_steps = 3;
+  a.learning_rate = 100.0;        // not read: the optimizer given has its own
+  a.overwrite_output_dir = true;  // train() twice
+  const auto sgd = [](Classifier& m) {
+    return std::make_shared<torch::optim::SGD>(m->parameters(),
+                                               torch::optim::SGDOptions(0.05).momentum(0.9));
+  };
+  torch::manual_seed(0);
+  Classifier whole;
+  auto optimizer = sgd(whole);
+  Trainer trainer(whole, a, train_, eval_);
+  trainer.set_optimizers(optimizer);
+  trainer.train();
+  EXPECT_FALSE(optimizer->state().empty());  // its momentum buffers
+  // args' linear schedule on the given lr, 0.05: 0.05 x (6 - s) / 6 at step s.
+  EXPECT_NEAR(optimizer->param_groups()[0].options().get_lr(), 0.0, 1e-12);
+  int logged = 0;
+  for (const auto& entry : trainer.state().log_history) {
+    if (!entry.count("learning_rate")) continue;
+    EXPECT_NEAR(entry.at("learning_rate"), 0.05 * (6 - (entry.at("step") - 1)) / 6, 1e-9);
+    ++logged;
+  }
+  EXPECT_GT(logged, 0);
+  // Another train() starts args' schedule again from the lr given, not from the 0 it ended at.
+  const auto before = flat_params(*whole);
+  trainer.train();
+  EXPECT_FALSE(torch::equal(flat_params(*whole), before));
+
+  // A fresh model and optimizer resumed from step 3 end where the first run did.
+  torch::manual_seed(0);
+  Classifier first;
+  auto first_optimizer = sgd(first);
+  auto b = a;
+  b.output_dir = (dir_ / "given_first").string();
+  Trainer first_trainer(first, b, train_, eval_);
+  first_trainer.set_optimizers(first_optimizer);
+  first_trainer.train();
+  torch::manual_seed(5);
+  Classifier resumed;
+  auto resumed_optimizer = sgd(resumed);
+  auto c = a;
+  c.output_dir = (dir_ / "given_resumed").string();
+  Trainer resumed_trainer(resumed, c, train_, eval_);
+  resumed_trainer.set_optimizers(resumed_optimizer);
+  resumed_trainer.train((fs::path(b.output_dir) / "checkpoint-3").string());
+  EXPECT_TRUE(torch::equal(flat_params(*resumed), flat_params(*first)))
+      << (flat_params(*resumed) - flat_params(*first)).abs().max().item<double>();
+
+  // A schedule given is stepped as it is: constant here.
+  Classifier constant;
+  auto constant_optimizer = sgd(constant);
+  auto schedule = std::make_shared<mixprec::optim::LRScheduler>(*constant_optimizer,
+                                                                [](int64_t) { return 1.0; });
+  auto d = a;
+  d.output_dir = (dir_ / "given_schedule").string();
+  d.save_strategy = "no";
+  Trainer constant_trainer(constant, d, train_, eval_);
+  constant_trainer.set_optimizers(constant_optimizer, schedule);
+  constant_trainer.train();
+  EXPECT_EQ(schedule->last_epoch(), 6);
+  EXPECT_DOUBLE_EQ(constant_optimizer->param_groups()[0].options().get_lr(), 0.05);
+
+  using mixprec::testing::error_of;
+  Classifier other;
+  EXPECT_NE(error_of([&] { constant_trainer.set_optimizers(sgd(other)); })
+                .find("the optimizer holds a tensor of shape [32, 6] that is not a parameter of "
+                      "the model"),
+            std::string::npos);
+  auto foreign =
+      std::make_shared<mixprec::optim::LRScheduler>(*optimizer, [](int64_t) { return 1.0; });
+  EXPECT_NE(error_of([&] {
+              constant_trainer.set_optimizers(constant_optimizer, foreign);
+            }).find("the scheduler was made for another optimizer"),
+            std::string::npos);
+  EXPECT_NE(error_of([&] {
+              constant_trainer.set_optimizers(nullptr, schedule);
+            }).find("a scheduler needs its optimizer"),
+            std::string::npos);
+}
+
 // use_seedable_sampler = false: an epoch resumed mid-way goes on in the order torch's generator
 // drew for it, and after an epoch's end the next draws on as the uninterrupted run's did.
 // A checkpoint that records no order (save_only_model's) draws it afresh, as HF's, and says so.

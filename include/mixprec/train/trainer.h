@@ -196,6 +196,14 @@ class Trainer {
   PredictionOutput predict(data::DatasetPtr test_dataset);
 
   void add_callback(std::shared_ptr<TrainerCallback> callback);
+  /// HF's `optimizers=(optimizer, lr_scheduler)`: train() steps this optimizer, which must hold
+  /// parameters of the model only, instead of making one from args (learning_rate,
+  /// weight_decay, optim, adam_* are then not read, as in HF), and this schedule, which must be
+  /// of that optimizer; without one, train() makes args' schedule on the optimizer. Both stay
+  /// the Trainer's, so another train() goes on with them, as HF's. The optimizer's state is
+  /// saved in checkpoints and resumed if it is an SGD, Adam or AdamW (LibTorch's or mixprec's).
+  void set_optimizers(std::shared_ptr<torch::optim::Optimizer> optimizer,
+                      std::shared_ptr<optim::LRScheduler> lr_scheduler = nullptr);
   /// HF's Trainer.log: `logs` plus the epoch go to the callbacks' on_log and into
   /// state().log_history with the step, and to the trackers tagged as HF's integrations tag
   /// them (eval_x: eval/x, test_x: test/x, others: train/x).
