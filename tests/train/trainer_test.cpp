@@ -464,24 +464,20 @@ TEST_F(TrainerTest, SetOptimizersTrainsWithTheGivenOptimizerAndSchedule) {
   EXPECT_FALSE(torch::equal(flat_params(*whole), before));
 
   // A fresh model and optimizer resumed from step 3 end where the first run did.
-  torch::manual_seed(0);
-  Classifier first;
-  auto first_optimizer = sgd(first);
-  auto b = a;
-  b.output_dir = (dir_ / "given_first").string();
-  Trainer first_trainer(first, b, train_, eval_);
-  first_trainer.set_optimizers(first_optimizer);
-  first_trainer.train();
-  torch::manual_seed(5);
-  Classifier resumed;
-  auto resumed_optimizer = sgd(resumed);
-  auto c = a;
-  c.output_dir = (dir_ / "given_resumed").string();
-  Trainer resumed_trainer(resumed, c, train_, eval_);
-  resumed_trainer.set_optimizers(resumed_optimizer);
-  resumed_trainer.train((fs::path(b.output_dir) / "checkpoint-3").string());
-  EXPECT_TRUE(torch::equal(flat_params(*resumed), flat_params(*first)))
-      << (flat_params(*resumed) - flat_params(*first)).abs().max().item<double>();
+  const auto run = [&](uint64_t seed, const std::string& name,
+                       std::optional<std::string> checkpoint) {
+    torch::manual_seed(seed);
+    Classifier model;
+    auto b = a;
+    b.output_dir = (dir_ / name).string();
+    Trainer t(model, b, train_, eval_);
+    t.set_optimizers(sgd(model));
+    t.train(checkpoint);
+    return flat_params(*model);
+  };
+  const auto first = run(0, "given_first", std::nullopt);
+  const auto resumed = run(5, "given_resumed", (dir_ / "given_first" / "checkpoint-3").string());
+  EXPECT_TRUE(torch::equal(resumed, first)) << (resumed - first).abs().max().item<double>();
 
   // A schedule given is stepped as it is: constant here.
   Classifier constant;
