@@ -574,6 +574,10 @@ void Trainer::set_optimizers(std::shared_ptr<torch::optim::Optimizer> optimizer,
   TORCH_CHECK(!lr_scheduler || &lr_scheduler->optimizer() == optimizer.get(),
               "Trainer::set_optimizers: the scheduler was made for another optimizer");
   if (optimizer) {
+    TORCH_CHECK(!optimizer->param_groups().empty(),
+                "Trainer::set_optimizers: the optimizer has no param groups");
+    // Its state must fit a checkpoint: refused now, not at the first save hours in.
+    (void)io::optimizer_state(*optimizer);
     std::unordered_set<const c10::TensorImpl*> parameters;
     for (const auto& p : impl_->module->parameters()) parameters.insert(p.unsafeGetTensorImpl());
     for (const auto& group : optimizer->param_groups())
@@ -582,10 +586,13 @@ void Trainer::set_optimizers(std::shared_ptr<torch::optim::Optimizer> optimizer,
                     "Trainer::set_optimizers: the optimizer holds a tensor of shape ", p.sizes(),
                     " that is not a parameter of the model");
   }
-  impl_->initial_lrs.clear();
-  if (optimizer)
-    for (const auto& group : optimizer->param_groups())
-      impl_->initial_lrs.push_back(group.options().get_lr());
+  // As PyTorch's initial_lr, recorded once: the same optimizer set again keeps its first lrs.
+  if (optimizer != impl_->given_optimizer) {
+    impl_->initial_lrs.clear();
+    if (optimizer)
+      for (const auto& group : optimizer->param_groups())
+        impl_->initial_lrs.push_back(group.options().get_lr());
+  }
   impl_->given_optimizer = std::move(optimizer);
   impl_->given_schedule = std::move(lr_scheduler);
 }
@@ -738,8 +745,11 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
   // The optimizer and schedule of args, on the trained parameters.
   const std::optional<at::ScalarType> input_dtype = impl.sixteen_bit_dtype();
   const auto label_names = label_names_of(args_);
+  // Held here: a set_optimizers() during the run must not free what it steps.
+  const auto given_optimizer = impl.given_optimizer;
+  const auto given_schedule = impl.given_schedule;
   std::unique_ptr<torch::optim::Optimizer> optimizer;  // args', unless one was given
-  if (!impl.given_optimizer) {
+  if (!given_optimizer) {
     std::vector<at::Tensor> decay, no_decay;
     {
       const auto names = get_decay_parameter_names();
@@ -807,21 +817,21 @@ TrainOutput Trainer::train_with_batch_size(const std::optional<std::string>& res
                    c10::Join(", ", keys_of(optim_args)),
                    "; only sgd reads some (momentum, dampening, weight_decay, nesterov)");
   }
-  torch::optim::Optimizer& stepped = impl.given_optimizer ? *impl.given_optimizer : *optimizer;
+  torch::optim::Optimizer& stepped = given_optimizer ? *given_optimizer : *optimizer;
   std::optional<optim::LRScheduler> made_schedule;  // args', unless one was given
-  if (!impl.given_schedule) {
+  if (!given_schedule) {
     optim::SchedulerOptions schedule_options{
         .num_warmup_steps = absolute_steps(args_.warmup_steps, max_steps),
         .num_training_steps = max_steps};
     if (args_.lr_scheduler_kwargs)
       optim::set_scheduler_kwargs(schedule_options, args_.lr_scheduler_type,
                                   *args_.lr_scheduler_kwargs);
-    if (impl.given_optimizer)
+    if (given_optimizer)
       for (size_t g = 0; g < impl.initial_lrs.size(); ++g)
         stepped.param_groups()[g].options().set_lr(impl.initial_lrs[g]);
     made_schedule.emplace(optim::get_scheduler(args_.lr_scheduler_type, stepped, schedule_options));
   }
-  optim::LRScheduler& schedule = impl.given_schedule ? *impl.given_schedule : *made_schedule;
+  optim::LRScheduler& schedule = given_schedule ? *given_schedule : *made_schedule;
   auto prepared = acc.prepare(impl.module);
   auto accelerated = acc.prepare(stepped);
   acc.prepare(schedule);  // for save_state and load_state only: stepped below, as HF's Trainer

@@ -509,6 +509,15 @@ TEST_F(TrainerTest, SetOptimizersTrainsWithTheGivenOptimizerAndSchedule) {
               constant_trainer.set_optimizers(nullptr, schedule);
             }).find("a scheduler needs its optimizer"),
             std::string::npos);
+  auto rmsprop = std::make_shared<torch::optim::RMSprop>(constant->parameters());
+  EXPECT_NE(error_of([&] { constant_trainer.set_optimizers(rmsprop); }).find("not supported"),
+            std::string::npos);
+  // Set again after a run, the optimizer keeps the lrs it was first given (PyTorch's
+  // initial_lr), not the 0 the linear schedule ended at.
+  trainer.set_optimizers(optimizer);
+  const auto again = flat_params(*whole);
+  trainer.train();
+  EXPECT_FALSE(torch::equal(flat_params(*whole), again));
 }
 
 // use_seedable_sampler = false: an epoch resumed mid-way goes on in the order torch's generator
