@@ -201,7 +201,9 @@ class Trainer {
   /// weight_decay, optim, adam_* are then not read, as in HF), and this schedule, which must be
   /// of that optimizer; without one, train() makes args' schedule on the optimizer. Both stay
   /// the Trainer's, so another train() goes on with them, as HF's. The optimizer's state is
-  /// saved in checkpoints and resumed if it is an SGD, Adam or AdamW (LibTorch's or mixprec's).
+  /// saved in checkpoints and resumed: it must be an SGD, Adam or AdamW (LibTorch's or
+  /// mixprec's), else it is refused here. The same optimizer set again keeps the lrs it was
+  /// first given, which a schedule made on it starts from (PyTorch's initial_lr).
   void set_optimizers(std::shared_ptr<torch::optim::Optimizer> optimizer,
                       std::shared_ptr<optim::LRScheduler> lr_scheduler = nullptr);
   /// HF's Trainer.log: `logs` plus the epoch go to the callbacks' on_log and into
